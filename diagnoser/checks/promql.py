@@ -1,0 +1,213 @@
+"""Check kinds over PromQL: ``promql`` (threshold), ``absent`` (must exist) and ``trend`` (growth).
+
+``promql``: an instant query; each series whose value passes ``op threshold`` is evidence. With
+no ``op``, every returned series is evidence (the alerting-rule style: the query filters).
+
+``absent``: holds when the query returns no series, e.g. no metrics-server scrape target.
+
+``trend``: ``predict_linear`` or ``deriv`` of a series over a window, compared with a fixed
+threshold or with each series' own limit from a second query joined on ``join_on`` labels; memory
+predicted to reach its container limit within the hour is the classic use.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.models import Evidence, SourceError
+from diagnoser.sources.prometheus import PrometheusSource, Sample
+
+__all__ = ["AbsentParams", "Comparison", "PromqlParams", "TrendParams", "compare"]
+
+Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
+_OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+SOURCE = "prometheus"
+
+
+def compare(value: float, op: Comparison, threshold: float) -> bool:
+    """``value op threshold``; NaN never passes (a NaN ratio means no traffic, not a breach)."""
+    if math.isnan(value):
+        return False
+    return _OPERATORS[op](value, threshold)
+
+
+class PromqlParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1)
+    op: Comparison | None = None
+    threshold: float | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _op_needs_threshold(self) -> PromqlParams:
+        if (self.op is None) != (self.threshold is None):
+            raise ValueError("op and threshold go together")
+        return self
+
+
+class AbsentParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1)
+    #: What is missing, in words, for the report ("metrics-server scrape target").
+    description: str | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class TrendParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1)
+    function: Literal["predict_linear", "deriv"] = "predict_linear"
+    window: str = "1h"
+    #: How far ahead ``predict_linear`` looks.
+    horizon: str = "1h"
+    #: Subquery resolution, used when ``query`` is an expression rather than a plain selector.
+    resolution: str = "1m"
+    op: Comparison = ">="
+    threshold: float | None = None
+    #: A query giving each series its own limit (``container_spec_memory_limit_bytes``).
+    limit: str | None = None
+    #: Labels that join ``query`` and ``limit`` series (not ``on``: YAML reads a bare on as true).
+    join_on: list[str] = Field(default_factory=list)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("window", "horizon", "resolution")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if not _DURATION.match(value):
+            raise ValueError(f"{value!r} is not a PromQL duration like 5m or 1h30m")
+        return value
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> TrendParams:
+        if (self.threshold is None) == (self.limit is None):
+            raise ValueError("give exactly one of threshold or limit")
+        if self.limit is not None and not self.join_on:
+            raise ValueError("limit needs join_on: the labels that join a series with its limit")
+        return self
+
+
+def _prometheus(ctx: CheckContext) -> PrometheusSource:
+    return ctx.require(ctx.sources.prometheus, SOURCE)
+
+
+@check_kind("promql", params=PromqlParams, source=SOURCE)
+async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
+    source = _prometheus(ctx)
+    samples = await source.query(params.query, ctx.at, params.timeout_s)
+    if isinstance(samples, SourceError):
+        return samples
+    query = source.prepare(params.query)
+    evidence: list[Evidence] = []
+    for sample in samples:
+        if params.op is None or params.threshold is None:
+            if math.isnan(sample.value):
+                continue
+        elif not compare(sample.value, params.op, params.threshold):
+            continue
+        evidence.append(
+            Evidence(
+                source=SOURCE,
+                query=query,
+                labels=sample.labels,
+                value=sample.value,
+                threshold=params.threshold,
+                detail=_infinite_note(sample),
+            )
+        )
+    return evidence
+
+
+@check_kind("absent", params=AbsentParams, source=SOURCE)
+async def absent(params: AbsentParams, ctx: CheckContext) -> CheckResult:
+    source = _prometheus(ctx)
+    samples = await source.query(params.query, ctx.at, params.timeout_s)
+    if isinstance(samples, SourceError):
+        return samples
+    if any(not math.isnan(s.value) for s in samples):
+        return []
+    what = params.description or "series"
+    return [Evidence(source=SOURCE, query=source.prepare(params.query), detail=f"no {what} found")]
+
+
+_SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
+
+
+def trend_query(params: TrendParams) -> str:
+    """The PromQL the trend check sends: a range over a selector, or a subquery over an expression."""
+    inner = params.query.strip()
+    ranged = (
+        f"{inner}[{params.window}]"
+        if _SELECTOR.match(inner)
+        else f"({inner})[{params.window}:{params.resolution}]"
+    )
+    if params.function == "predict_linear":
+        return f"predict_linear({ranged}, {_seconds(params.horizon):g})"
+    return f"deriv({ranged})"
+
+
+@check_kind("trend", params=TrendParams, source=SOURCE)
+async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
+    source = _prometheus(ctx)
+    expression = trend_query(params)
+    projected = await source.query(expression, ctx.at, params.timeout_s)
+    if isinstance(projected, SourceError):
+        return projected
+    limits: dict[tuple[str, ...], float] = {}
+    if params.limit is not None:
+        limit_samples = await source.query(params.limit, ctx.at, params.timeout_s)
+        if isinstance(limit_samples, SourceError):
+            return limit_samples
+        for sample in limit_samples:
+            # A limit of 0 or +Inf means "unlimited" for cAdvisor: nothing to reach.
+            if sample.is_finite and sample.value > 0:
+                limits[_key(sample.labels, params.join_on)] = sample.value
+    evidence: list[Evidence] = []
+    for sample in projected:
+        bound = params.threshold if params.limit is None else limits.get(_key(sample.labels, params.join_on))
+        if bound is None or not compare(sample.value, params.op, bound):
+            continue
+        evidence.append(
+            Evidence(
+                source=SOURCE,
+                query=source.prepare(expression),
+                labels=sample.labels,
+                value=sample.value,
+                threshold=bound,
+            )
+        )
+    return evidence
+
+
+def _key(labels: dict[str, str], on: list[str]) -> tuple[str, ...]:
+    return tuple(labels.get(name, "") for name in on)
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def _seconds(duration: str) -> float:
+    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration))
+
+
+def _infinite_note(sample: Sample) -> str | None:
+    if math.isinf(sample.value):
+        return "value is infinite: for a quantile, above the highest histogram bucket"
+    return None

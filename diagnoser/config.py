@@ -1,0 +1,230 @@
+"""Configuration: a YAML file, overridden by ``DIAGNOSER_*`` environment variables, then flags.
+
+Nested keys use a double underscore in the environment::
+
+    DIAGNOSER_PROMETHEUS__URL=http://prometheus:9090
+    DIAGNOSER_SLO__P99_MS=250
+    DIAGNOSER_SIGNALS__QUEUE_LENGTH=volga_compute_queue_length
+
+Example file::
+
+    prometheus:
+      url: https://prometheus.example:9090
+      bearer_token: ...            # or basic_auth: {username: u, password: p}
+      verify_tls: true
+      query_timeout_s: 5
+    slo: {p99_ms: 250, error_ratio: 0.01}
+    metrics:                       # rename metrics for exporters that differ
+      hikaricp_connections_max: myapp_hikari_max
+    signals:
+      queue_length: volga_compute_queue_length
+    rule_params:
+      kubernetes/slow-pod-startup: {budget_seconds: 3}
+    runbook_base_url: https://github.com/acme/diagnoser/blob/main/rules/
+    rule_dirs: [/etc/diagnoser/rules]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from diagnoser.errors import ConfigError
+
+__all__ = [
+    "BasicAuth",
+    "ElasticsearchSettings",
+    "KubernetesSettings",
+    "ProbeSettings",
+    "PrometheusSettings",
+    "Settings",
+    "SlackSettings",
+    "SloSettings",
+    "load_settings",
+]
+
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/diagnoser/diagnoser/blob/main/rules/"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BasicAuth(_Section):
+    username: str
+    password: SecretStr
+
+
+class PrometheusSettings(_Section):
+    """Where the PromQL HTTP API is (Prometheus, Thanos, Mimir, VictoriaMetrics) and how to reach it."""
+
+    url: str | None = None
+    bearer_token: SecretStr | None = None
+    basic_auth: BasicAuth | None = None
+    verify_tls: bool = True
+    ca_file: Path | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    query_timeout_s: float = Field(default=10.0, gt=0)
+    max_concurrency: int = Field(default=16, ge=1, le=256)
+
+
+class SloSettings(_Section):
+    p99_ms: float = Field(default=500.0, gt=0)
+    error_ratio: float = Field(default=0.01, gt=0, le=1)
+
+
+class ElasticsearchSettings(_Section):
+    urls: list[str] = Field(default_factory=list)
+    api_key: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    ca_certs: Path | None = None
+    verify_certs: bool = True
+    timeout_s: float = Field(default=10.0, gt=0)
+    slowlog_paths: list[Path] = Field(default_factory=list)
+    slowlog_index: str | None = None
+
+
+class KubernetesSettings(_Section):
+    enabled: bool = False
+    in_cluster: bool = False
+    kubeconfig: Path | None = None
+    context: str | None = None
+    #: Namespaces to read; empty means all namespaces.
+    namespaces: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(default=10.0, gt=0)
+
+
+class ProbeSettings(_Section):
+    """Hard caps: no probe file or flag can exceed them; only this config raises them."""
+
+    max_rate: float = Field(default=1000.0, gt=0)
+    max_duration_s: float = Field(default=600.0, gt=0)
+    allowed_hosts: list[str] = Field(default_factory=list)
+    request_timeout_s: float = Field(default=5.0, gt=0)
+    abort_error_ratio: float = Field(default=0.5, gt=0, le=1)
+    abort_window_s: float = Field(default=5.0, gt=0)
+
+
+class SlackSettings(_Section):
+    webhook_url: SecretStr | None = None
+    token: SecretStr | None = None
+    channel: str | None = None
+    base_url: str = "https://slack.com/api/"
+
+
+class Settings(BaseSettings):
+    """All of diagnoser's configuration. Build it with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DIAGNOSER_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    slo: SloSettings = Field(default_factory=SloSettings)
+    elasticsearch: ElasticsearchSettings = Field(default_factory=ElasticsearchSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    #: Metric-name overrides: ``real exporter name -> name in this installation``.
+    metrics: dict[str, str] = Field(default_factory=dict)
+    #: Application signals rules refer to as ``${signals.NAME}``, e.g. ``queue_length``.
+    signals: dict[str, str] = Field(default_factory=dict)
+    #: Per-rule parameter overrides: ``rule id -> {param: value}``.
+    rule_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
+    rule_dirs: list[Path] = Field(default_factory=list)
+    #: Skip the rules shipped with diagnoser and use only ``rule_dirs``.
+    disable_builtin_rules: bool = False
+    #: Overall deadline for one diagnosis, all rules together.
+    deadline_s: float = Field(default=30.0, gt=0)
+    #: Labels added to every report (cluster name, environment).
+    context_labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("runbook_base_url")
+    @classmethod
+    def _trailing_slash(cls, value: str) -> str:
+        return value if value.endswith("/") else value + "/"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment wins over the file; the file's content arrives as init kwargs.
+        return env_settings, init_settings
+
+
+class _SettingsWithoutEnvironment(Settings):
+    """Settings validated from values alone: flags must win over the environment already applied."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Read ``path`` (YAML), apply the environment, then ``overrides`` (command-line flags).
+
+    Raises :class:`ConfigError` with every problem, each naming its key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the config must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    try:
+        settings = Settings(**data)
+        if overrides:
+            merged = _deep_merge(_unwrap_secrets(settings.model_dump(mode="python")), overrides)
+            settings = _SettingsWithoutEnvironment(**merged)
+    except ValidationError as exc:
+        where = f"{path}: " if path else ""
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{where}invalid configuration: {problems}") from exc
+    return settings
+
+
+def _unwrap_secrets(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {k: _unwrap_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap_secrets(v) for v in value]
+    return value

@@ -1,0 +1,51 @@
+"""Markdown for tickets, post-incident reviews and chat tools that render it."""
+
+from __future__ import annotations
+
+from diagnoser.models import Diagnosis, Finding
+
+__all__ = ["render_markdown"]
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render_markdown(diagnosis: Diagnosis) -> str:
+    """The diagnosis as a Markdown document: findings in rank order, evidence, source errors."""
+    when = diagnosis.evaluated_at.strftime("%Y-%m-%d %H:%M:%SZ")
+    lines = [f"# Diagnosis at {when}", ""]
+    if not diagnosis.findings:
+        lines += ["No findings.", ""]
+    for index, finding in enumerate(diagnosis.findings, 1):
+        lines += _finding(index, finding)
+    if diagnosis.errors:
+        lines += ["## Sources that could not answer", "", "| source | error |", "|---|---|"]
+        lines += [f"| {_cell(e.source)} | {_cell(e.message)} |" for e in diagnosis.errors]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _finding(index: int, finding: Finding) -> list[str]:
+    kind = " (symptom)" if finding.kind == "symptom" else ""
+    lines = [
+        f"## {index}. {finding.severity.value.upper()}: `{finding.cause}`{kind}: {_cell(finding.title)}",
+        "",
+        _cell(finding.summary),
+        "",
+    ]
+    if finding.recommendation:
+        lines += [f"**What to do:** {_cell(finding.recommendation)}", ""]
+    if finding.runbook_url:
+        lines += [f"Runbook: [{finding.rule_id}]({finding.runbook_url})", ""]
+    if finding.evidence:
+        lines += ["| source | labels | value | threshold | detail |", "|---|---|---|---|---|"]
+        for row in finding.evidence:
+            labels = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
+            value = "" if row.value is None else f"{row.value:.4g}"
+            threshold = "" if row.threshold is None else f"{row.threshold:.4g}"
+            lines.append(
+                f"| {row.source} | {_cell(labels)} | {value} | {threshold} | {_cell(row.detail or '')} |"
+            )
+        lines.append("")
+    return lines

@@ -1,0 +1,296 @@
+"""Rule unit tests in promtool's style, evaluated on a real, backfilled Prometheus.
+
+A test file looks like a promtool rule test, with findings instead of alerts::
+
+    rule_files: [my-rules/pools/orders-pool.yaml]   # optional: default is the built-in pack
+    config: {slo: {p99_ms: 250}}                     # optional: settings for these tests
+    tests:
+      - name: pool exhausted at peak
+        interval: 30s
+        input_series:
+          - series: 'hikaricp_connections_active{pool="orders"}'
+            values: '10x40'
+        finding_tests:
+          - eval_time: 15m
+            rule: pools/hikaricp-pool-exhaustion
+            exp_findings:
+              - exp_labels: {pool: orders}
+                exp_summary_contains: "10/10"
+          - eval_time: 15m
+            rule: pools/otel-pool-exhaustion
+            exp_findings: []                          # must stay silent
+
+``rule: "*"`` with ``exp_findings: []`` asserts that no rule reports anything at warning or above.
+All test groups of all files share one Prometheus: each group's series are shifted to its own
+day, far enough apart that no window or lookback reaches another group's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from diagnoser.config import Settings, load_settings
+from diagnoser.engine import diagnose
+from diagnoser.errors import ConfigError
+from diagnoser.local_prometheus import LocalPrometheus
+from diagnoser.models import Diagnosis, Finding
+from diagnoser.ruleset import Rule, RuleSet, load_rules
+from diagnoser.series_notation import NotationError, SeriesSpec, expand_values, parse_series, to_openmetrics
+from diagnoser.sources import Sources
+from diagnoser.sources.prometheus import PrometheusSource
+
+__all__ = ["CaseResult", "RuleTestFile", "load_test_file", "run_rule_tests"]
+
+#: Each test group gets its own day of the backfilled timeline.
+GROUP_SPACING_S = 86_400
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """``30s``, ``1h30m`` or a number of seconds, as seconds."""
+    if isinstance(text, int | float):
+        return float(text)
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise ValueError(f"{text!r} is not a duration like 30s or 1h30m")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputSeries(_Strict):
+    series: str
+    values: str
+
+    @field_validator("series")
+    @classmethod
+    def _series(cls, value: str) -> str:
+        parse_series(value)
+        return value
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _values(cls, value: Any) -> str:
+        expand_values(str(value))
+        return str(value)
+
+
+class ExpectedFinding(_Strict):
+    exp_labels: dict[str, str] = Field(default_factory=dict)
+    exp_severity: str | None = None
+    exp_summary_contains: str | None = None
+    exp_recommendation_contains: str | None = None
+
+
+class FindingTest(_Strict):
+    eval_time: str
+    rule: str
+    exp_findings: list[ExpectedFinding] = Field(default_factory=list)
+
+    @field_validator("eval_time")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+
+class TestGroup(_Strict):
+    name: str = ""
+    interval: str = "1m"
+    input_series: list[InputSeries] = Field(default_factory=list)
+    finding_tests: list[FindingTest] = Field(min_length=1)
+
+    @field_validator("interval")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+
+class RuleTestFile(_Strict):
+    rule_files: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    tests: list[TestGroup] = Field(min_length=1)
+
+
+@dataclass
+class CaseResult:
+    """The outcome of one finding test."""
+
+    file: str
+    group: str
+    rule: str
+    eval_time: str
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    @property
+    def name(self) -> str:
+        group = f" {self.group!r}" if self.group else ""
+        return f"{self.file}{group} {self.rule} @ {self.eval_time}"
+
+
+def load_test_file(path: Path) -> RuleTestFile:
+    """Read and validate one test file; raises :class:`ConfigError` naming file and field."""
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return RuleTestFile.model_validate(document)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{path}: {where}: {err['msg']}") from exc
+    except NotationError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+@dataclass
+class _PlannedGroup:
+    path: Path
+    spec: RuleTestFile
+    group: TestGroup
+    start_s: float
+    rules: RuleSet
+    settings: Settings
+
+
+def run_rule_tests(paths: Sequence[Path], *, base_settings: Settings | None = None) -> list[CaseResult]:
+    """Run every test in ``paths`` on one local Prometheus; returns one result per finding test."""
+    planned: list[_PlannedGroup] = []
+    samples: list[tuple[SeriesSpec, float, float]] = []
+    for path in paths:
+        spec = load_test_file(path)
+        settings = _settings_for(spec, base_settings)
+        rules = _rules_for(path, spec, settings)
+        if rules.problems:
+            raise ConfigError("\n".join(str(p) for p in rules.problems))
+        for group in spec.tests:
+            start = GROUP_SPACING_S * (len(planned) + 1)
+            planned.append(_PlannedGroup(path, spec, group, start, rules, settings))
+            samples.extend(_group_samples(group, start))
+    with LocalPrometheus(openmetrics=to_openmetrics(samples)) as prometheus:
+        return asyncio.run(_evaluate_all(planned, prometheus.url))
+
+
+def _settings_for(spec: RuleTestFile, base: Settings | None) -> Settings:
+    base = base or load_settings()
+    overrides = dict(spec.config)
+    return load_settings(overrides=_merge(base.model_dump(mode="json", exclude={"prometheus"}), overrides))
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = (
+            _merge(merged[key], value)
+            if isinstance(value, dict) and isinstance(merged.get(key), dict)
+            else value
+        )
+    return merged
+
+
+def _rules_for(path: Path, spec: RuleTestFile, settings: Settings) -> RuleSet:
+    if not spec.rule_files:
+        return load_rules(settings.rule_dirs, include_builtin=not settings.disable_builtin_rules)
+    files = [(path.parent / name).resolve() for name in spec.rule_files]
+    return load_rules(files, include_builtin=False)
+
+
+def _group_samples(group: TestGroup, start: float) -> Iterable[tuple[SeriesSpec, float, float]]:
+    interval = parse_duration(group.interval)
+    for series in group.input_series:
+        spec = parse_series(series.series)
+        for index, value in enumerate(expand_values(series.values)):
+            if value is not None:
+                yield spec, start + index * interval, value
+
+
+async def _evaluate_all(planned: list[_PlannedGroup], url: str) -> list[CaseResult]:
+    results: list[CaseResult] = []
+    for plan in planned:
+        source = PrometheusSource(
+            plan.settings.prometheus.model_copy(update={"url": url}), metric_overrides=plan.settings.metrics
+        )
+        try:
+            for test in plan.group.finding_tests:
+                results.append(await _run_case(plan, test, source))
+        finally:
+            source.close()
+    return results
+
+
+async def _run_case(plan: _PlannedGroup, test: FindingTest, source: PrometheusSource) -> CaseResult:
+    result = CaseResult(str(plan.path), plan.group.name, test.rule, test.eval_time)
+    at = datetime.fromtimestamp(plan.start_s + parse_duration(test.eval_time), UTC)
+    if test.rule == "*":
+        selected: list[Rule] = list(plan.rules)
+    elif test.rule in plan.rules.rules:
+        selected = [plan.rules.rules[test.rule]]
+    else:
+        result.problems.append(f"no rule {test.rule!r} in the rules under test")
+        return result
+    diagnosis = await diagnose(selected, plan.settings, Sources(prometheus=source), at=at)
+    result.problems.extend(f"source error: {e}" for e in diagnosis.errors)
+    if test.rule == "*":
+        if test.exp_findings:
+            result.problems.append('rule "*" only supports exp_findings: [] (nothing at warning or above)')
+        loud = [f for f in diagnosis.findings if f.is_actionable]
+        result.problems.extend(f"unexpected finding {_describe(f)}" for f in loud)
+        return result
+    result.problems.extend(_compare(diagnosis, test))
+    return result
+
+
+def _compare(diagnosis: Diagnosis, test: FindingTest) -> list[str]:
+    found = [f for f in diagnosis.findings if f.rule_id == test.rule]
+    problems: list[str] = []
+    unmatched = list(found)
+    for expected in test.exp_findings:
+        match = next((f for f in unmatched if _matches(f, expected)), None)
+        if match is None:
+            problems.append(
+                f"expected a finding with {expected.model_dump(exclude_none=True)}; got {_list(found)}"
+            )
+        else:
+            unmatched.remove(match)
+    problems.extend(f"unexpected finding {_describe(f)}" for f in unmatched)
+    return problems
+
+
+def _matches(finding: Finding, expected: ExpectedFinding) -> bool:
+    if any(finding.labels.get(k) != v for k, v in expected.exp_labels.items()):
+        return False
+    if expected.exp_severity and finding.severity.value != expected.exp_severity:
+        return False
+    if expected.exp_summary_contains and expected.exp_summary_contains not in finding.summary:
+        return False
+    return not (
+        expected.exp_recommendation_contains
+        and expected.exp_recommendation_contains not in finding.recommendation
+    )
+
+
+def _describe(finding: Finding) -> str:
+    return f"{finding.rule_id} [{finding.severity.value}] {finding.labels}: {finding.summary}"
+
+
+def _list(findings: list[Finding]) -> str:
+    return "; ".join(_describe(f) for f in findings) or "no finding"

@@ -1,0 +1,115 @@
+"""One diagnosis, end to end: build the configured sources, run the probe if asked, evaluate, close.
+
+The CLI's ``diagnose now`` and the daemon's diagnose job both go through :func:`run_diagnosis`,
+so they cannot drift apart. A source that cannot even be built (a kubeconfig that does not
+parse, a malformed URL) becomes an error entry like any other source failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from diagnoser.config import Settings
+from diagnoser.engine import diagnose
+from diagnoser.models import Diagnosis, SourceError
+from diagnoser.ruleset import RuleSet, load_rules
+from diagnoser.sources import Sources
+from diagnoser.sources.prometheus import PrometheusSource
+
+__all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis"]
+
+log = logging.getLogger(__name__)
+
+#: Runs the probe for this diagnosis and returns its result (a ProbeResult); set by the caller.
+ProbeRunner = Callable[[], Awaitable[Any]]
+
+
+@dataclass
+class BuiltSources:
+    sources: Sources
+    errors: list[SourceError] = field(default_factory=list)
+
+    def close(self) -> None:
+        for source in (self.sources.prometheus, self.sources.elasticsearch, self.sources.kubernetes):
+            close = getattr(source, "close", None)
+            if close is None:
+                continue
+            try:
+                result = close()
+                if hasattr(result, "close"):  # an un-awaited coroutine: nothing to do synchronously
+                    result.close()
+            except Exception:  # closing is best effort
+                log.debug("closing %r failed", source, exc_info=True)
+
+
+def load_ruleset(settings: Settings) -> RuleSet:
+    """The built-in pack (unless disabled) plus the configured rule directories."""
+    return load_rules(settings.rule_dirs, include_builtin=not settings.disable_builtin_rules)
+
+
+def build_sources(settings: Settings) -> BuiltSources:
+    """Construct every configured source; a source that cannot be built becomes an error entry."""
+    built = BuiltSources(Sources())
+    if settings.prometheus.url:
+        try:
+            built.sources.prometheus = PrometheusSource(
+                settings.prometheus, metric_overrides=settings.metrics
+            )
+        except (ValueError, OSError) as exc:
+            built.errors.append(SourceError(source="prometheus", message=f"cannot set up: {exc}"))
+    if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
+        built.sources.elasticsearch = _optional_source("elasticsearch", settings, built.errors)
+    if settings.kubernetes.enabled:
+        built.sources.kubernetes = _optional_source("kubernetes", settings, built.errors)
+    return built
+
+
+def _optional_source(name: str, settings: Settings, errors: list[SourceError]) -> Any:
+    try:
+        if name == "elasticsearch":
+            from diagnoser.sources.elasticsearch import ElasticsearchSource
+
+            return ElasticsearchSource.from_settings(settings.elasticsearch)
+        from diagnoser.sources.kubernetes import KubernetesSource
+
+        return KubernetesSource.from_settings(settings.kubernetes)
+    except Exception as exc:  # any failure to build is reported, never fatal
+        errors.append(SourceError(source=name, message=f"cannot set up: {type(exc).__name__}: {exc}"))
+        return None
+
+
+async def run_diagnosis(
+    settings: Settings,
+    *,
+    rules: RuleSet | None = None,
+    at: datetime | None = None,
+    probe: ProbeRunner | None = None,
+    sources: BuiltSources | None = None,
+) -> Diagnosis:
+    """Evaluate every rule as of ``at`` (default now) over the configured sources."""
+    rules = rules if rules is not None else load_ruleset(settings)
+    owned = sources is None
+    built = sources or build_sources(settings)
+    try:
+        probe_result: Any = None
+        if probe is not None:
+            try:
+                probe_result = await probe()
+            except Exception as exc:  # a probe that cannot run is reported, the rest goes on
+                built.errors.append(SourceError(source="probe", message=f"probe did not run: {exc}"))
+        built.sources.probe = probe_result
+        diagnosis = await diagnose(rules, settings, built.sources, at=at or datetime.now(UTC))
+        if probe_result is not None and hasattr(probe_result, "model_dump"):
+            diagnosis.probe = probe_result.model_dump(mode="json")
+        if built.errors:
+            from diagnoser.engine import attach_source_errors
+
+            diagnosis = attach_source_errors(diagnosis, built.errors, settings)
+        return diagnosis
+    finally:
+        if owned:
+            built.close()

@@ -1,0 +1,116 @@
+"""Placeholders and text templates in rules.
+
+Two small languages, both deliberately tiny:
+
+* ``${slo.p99_seconds}`` placeholders in condition parameters, resolved from config and rule
+  params before the check kind validates them. A value that is exactly one placeholder keeps the
+  placeholder's type (a float stays a float); inside a longer string it is formatted as text.
+* ``{name:.1f}`` format fields in a rule's title, summary and recommendation, filled from the
+  finding's labels and named values. A missing field renders as ``?`` instead of failing: a
+  report with one hole beats no report.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MissingVariable", "format_text", "resolve_placeholders", "variables_for"]
+
+_PLACEHOLDER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-/]*)\s*\}")
+
+
+class MissingVariable(KeyError):
+    """A ``${...}`` placeholder names a value that is not configured (e.g. an unset signal)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"${{{self.name}}} is not configured"
+
+
+def _lookup(name: str, variables: Mapping[str, Any]) -> Any:
+    if name in variables:
+        return variables[name]
+    raise MissingVariable(name)
+
+
+def resolve_placeholders(value: Any, variables: Mapping[str, Any]) -> Any:
+    """Return ``value`` (any YAML tree) with every ``${name}`` replaced from ``variables``."""
+    if isinstance(value, str):
+        whole = _PLACEHOLDER.fullmatch(value.strip())
+        if whole:
+            return _lookup(whole.group(1), variables)
+        return _PLACEHOLDER.sub(lambda m: _as_text(_lookup(m.group(1), variables)), value)
+    if isinstance(value, dict):
+        return {key: resolve_placeholders(item, variables) for key, item in value.items()}
+    if isinstance(value, list):
+        return [resolve_placeholders(item, variables) for item in value]
+    return value
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def variables_for(
+    *, slo_p99_ms: float, slo_error_ratio: float, signals: Mapping[str, str], params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The flat placeholder namespace a rule sees."""
+    variables: dict[str, Any] = {
+        "slo.p99_ms": slo_p99_ms,
+        "slo.p99_seconds": slo_p99_ms / 1000.0,
+        "slo.error_ratio": slo_error_ratio,
+    }
+    variables.update({f"signals.{name}": metric for name, metric in signals.items()})
+    variables.update({f"params.{name}": value for name, value in params.items()})
+    return variables
+
+
+class _LenientFormatter(string.Formatter):
+    def get_value(self, key: int | str, args: Any, kwargs: Mapping[str, Any]) -> Any:
+        if isinstance(key, str):
+            if key in kwargs:
+                return kwargs[key]
+            return _Missing()
+        return super().get_value(key, args, kwargs)
+
+    def get_field(self, field_name: str, args: Any, kwargs: Mapping[str, Any]) -> Any:
+        # Dotted names (``params.headroom``) are flat keys here, not attribute access.
+        if field_name in kwargs:
+            return kwargs[field_name], field_name
+        return super().get_field(field_name, args, kwargs)
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if isinstance(value, _Missing) or value is None:
+            return "?"
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            return str(value)
+        try:
+            return str(super().format_field(value, format_spec))
+        except (ValueError, TypeError):
+            return str(value)
+
+
+class _Missing:
+    def __format__(self, spec: str) -> str:
+        return "?"
+
+
+_FORMATTER = _LenientFormatter()
+
+
+def format_text(template: str, values: Mapping[str, Any]) -> str:
+    """Fill ``template``'s ``{field:spec}`` from ``values``; unknown fields render as ``?``."""
+    try:
+        return _FORMATTER.vformat(template, (), values)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        # A malformed template is shown as written rather than losing the finding.
+        return template
