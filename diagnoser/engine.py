@@ -146,16 +146,22 @@ async def _evaluate(
         # Fail fast and quietly on unset signals or unconfigured sources, before any query.
         _resolve(rule, condition, variables)
         ctx.require(getattr(sources, condition.kind.source, None), condition.kind.source)
-    results: Sequence[CheckResult] = await asyncio.gather(
-        *(condition.kind.run(_resolve(rule, condition, variables), ctx) for condition in conditions)
+    when_results: Sequence[CheckResult] = await asyncio.gather(
+        *(condition.kind.run(_resolve(rule, condition, variables), ctx) for condition in rule.when)
     )
-    when_results = results[: len(rule.when)]
-    evidence_results = results[len(rule.when) :]
-    for result in results:
+    for result in when_results:
         if isinstance(result, SourceError):
             outcome.errors.append(result.model_copy(update={"rule_id": rule.id}))
     if any(isinstance(r, SourceError) or not r for r in when_results):
         return
+    # Evidence is only worth its queries once the rule holds: a healthy run stays cheap.
+    evidence_results: Sequence[CheckResult] = await asyncio.gather(
+        *(condition.kind.run(_resolve(rule, condition, variables), ctx) for condition in rule.evidence)
+    )
+    for result in evidence_results:
+        if isinstance(result, SourceError):
+            # A missing piece of evidence weakens the finding but does not cancel it.
+            outcome.errors.append(result.model_copy(update={"rule_id": rule.id}))
     rows_by_condition: list[list[Evidence]] = [
         r if not isinstance(r, SourceError) else [] for r in (*when_results, *evidence_results)
     ]
@@ -315,17 +321,28 @@ def attach_source_errors(diagnosis: Diagnosis, errors: list[SourceError], settin
 
 
 def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
-    """Most important first: causes that explain an active symptom, symptoms, other causes; info last."""
-    findings = list(findings)
-    active_symptoms = {f.cause for f in findings if f.kind == "symptom" and f.is_actionable}
+    """Most important first: causes that explain an active symptom, symptoms, other causes; info last.
 
-    def key(finding: Finding) -> tuple[int, int, int, str]:
-        if finding.kind == "cause" and active_symptoms.intersection(finding.explains):
+    Among causes that explain a symptom, one on the same service (namespace and job) as an
+    active symptom comes before one elsewhere; then by severity, then by rule id for stability.
+    """
+    findings = list(findings)
+    symptoms = [f for f in findings if f.kind == "symptom" and f.is_actionable]
+    active = {f.cause for f in symptoms}
+    services = {_service(f) for f in symptoms} - {("", "")}
+
+    def key(finding: Finding) -> tuple[bool, int, int, int, str]:
+        if finding.kind == "cause" and active.intersection(finding.explains):
             group = 0
         elif finding.kind == "symptom":
             group = 1
         else:
             group = 2
-        return (finding.severity == Severity.info, group, -finding.severity.rank, finding.rule_id)
+        same_service = 0 if _service(finding) in services else 1
+        return (finding.severity == Severity.info, group, same_service, -finding.severity.rank, finding.rule_id)
 
     return sorted(findings, key=key)
+
+
+def _service(finding: Finding) -> tuple[str, str]:
+    return finding.labels.get("namespace", ""), finding.labels.get("job", "")

@@ -48,10 +48,12 @@ from diagnoser.series_notation import NotationError, SeriesSpec, expand_values, 
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["CaseResult", "RuleTestFile", "load_test_file", "run_rule_tests"]
+__all__ = ["CaseResult", "RuleTestFile", "backfill_text", "load_test_file", "run_rule_tests"]
 
-#: Each test group gets its own day of the backfilled timeline.
+#: Each test group gets its own day of the backfilled timeline, from a fixed Friday 18:00 UTC
+#: (2026-11-27) so reports read like real incidents rather than 1970.
 GROUP_SPACING_S = 86_400
+TIMELINE_START_S = 1_795_802_400
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -183,11 +185,22 @@ def run_rule_tests(paths: Sequence[Path], *, base_settings: Settings | None = No
         if rules.problems:
             raise ConfigError("\n".join(str(p) for p in rules.problems))
         for group in spec.tests:
-            start = GROUP_SPACING_S * (len(planned) + 1)
+            start = TIMELINE_START_S + GROUP_SPACING_S * len(planned)
             planned.append(_PlannedGroup(path, spec, group, start, rules, settings))
             samples.extend(_group_samples(group, start))
     with LocalPrometheus(openmetrics=to_openmetrics(samples)) as prometheus:
         return asyncio.run(_evaluate_all(planned, prometheus.url))
+
+
+def backfill_text(path: Path) -> tuple[str, list[float]]:
+    """OpenMetrics for every group of one test file, and each group's start (unix seconds).
+
+    The demo and benchmarks use it to load a scenario into a Prometheus of their own.
+    """
+    spec = load_test_file(path)
+    starts = [float(TIMELINE_START_S + GROUP_SPACING_S * index) for index in range(len(spec.tests))]
+    samples = [s for group, start in zip(spec.tests, starts, strict=True) for s in _group_samples(group, start)]
+    return to_openmetrics(samples), starts
 
 
 def _settings_for(spec: RuleTestFile, base: Settings | None) -> Settings:

@@ -36,8 +36,8 @@ def render_table(diagnosis: Diagnosis, *, verbose: bool = False) -> RenderableTy
         table.add_column("#", justify="right", no_wrap=True)
         table.add_column("severity", no_wrap=True)
         table.add_column("cause", no_wrap=True)
-        table.add_column("what was measured", ratio=3)
-        table.add_column("what to do", ratio=3)
+        table.add_column("what was measured", ratio=3, overflow="fold")
+        table.add_column("what to do", ratio=3, overflow="fold")
         for index, finding in enumerate(diagnosis.findings, 1):
             table.add_row(
                 str(index),

@@ -10,15 +10,19 @@ deadline, and backing off on a struggling Prometheus only adds load and delay.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import json
 import math
 import re
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import requests
+import urllib3
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.adapters import HTTPAdapter
@@ -30,6 +34,8 @@ from diagnoser.models import SourceError
 __all__ = ["PrometheusSource", "Sample", "rewrite_metric_names"]
 
 SOURCE = "prometheus"
+#: Answers kept for sharing between rules: about two diagnoses' worth of distinct queries.
+_SHARED_ANSWERS = 256
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class PrometheusSource:
     metric_overrides: dict[str, str] = field(default_factory=dict)
     _client: PrometheusConnect = field(init=False, repr=False)
     _executor: ThreadPoolExecutor = field(init=False, repr=False)
+    _shared: OrderedDict[tuple[str, float, float], asyncio.Future[list[Sample] | SourceError]] = field(
+        init=False, repr=False, default_factory=OrderedDict
+    )
 
     def __post_init__(self) -> None:
         if not self.settings.url:
@@ -116,7 +125,7 @@ class PrometheusSource:
                 timeout=timeout + 1.0,
             )
         except TimeoutError:
-            return self._error(f"query timed out after {timeout:g}s: {_short(prepared)}")
+            return self._error(f"no answer within {timeout:g}s from {self.url}")
 
     def _query_blocking(self, query: str, at: datetime, timeout: float) -> list[Sample] | SourceError:
         params = {"time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
@@ -124,17 +133,18 @@ class PrometheusSource:
             result: Any = self._client.custom_query(query, params=params, timeout=timeout)
         except PrometheusApiClientException as exc:
             return self._error(f"{_api_error_message(str(exc))}: {_short(query)}")
-        except requests.Timeout:
-            return self._error(f"no answer within {timeout:g}s from {self.url}: {_short(query)}")
-        except requests.ConnectionError as exc:
-            return self._error(f"cannot connect to {self.url}: {_root_cause(exc)}")
+        except requests.JSONDecodeError as exc:
+            # 200 with a body that is not JSON: a login page, a proxy's error page, the wrong port.
+            return self._error(f"{self.url} did not answer like a Prometheus API (not JSON: {exc.msg})")
         except requests.RequestException as exc:
+            if _timed_out(exc):
+                return self._error(f"no answer within {timeout:g}s from {self.url}")
+            if isinstance(exc, requests.ConnectionError):
+                return self._error(f"cannot connect to {self.url}: {_root_cause(exc)}")
             return self._error(f"request to {self.url} failed: {_root_cause(exc)}")
         except (ValueError, KeyError, TypeError) as exc:
-            # ValueError covers a JSON decode error: the endpoint answered 200 with something else.
-            return self._error(
-                f"{self.url} did not answer like a Prometheus API ({type(exc).__name__}): {exc}"
-            )
+            # JSON, but not the API's envelope (no data.result).
+            return self._error(f"{self.url} did not answer like a Prometheus API ({type(exc).__name__}: {exc})")
         try:
             return _samples_from(result)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -159,17 +169,38 @@ def _samples_from(result: Any) -> list[Sample]:
     return samples
 
 
-_ERROR_BODY = re.compile(r'"error"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_STATUS = re.compile(r"HTTP Status Code (\d+)")
+_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.S)
 
 
 def _api_error_message(text: str) -> str:
-    status = _STATUS.search(text)
-    error = _ERROR_BODY.search(text)
-    prefix = f"HTTP {status.group(1)}" if status else "query failed"
-    if error:
-        return f"{prefix}: {error.group(1)}"
-    return f"{prefix}: {text[:200]}"
+    """``HTTP 400: parse error ...`` from the client's ``HTTP Status Code 400 (b'{json}')``."""
+    match = _STATUS.search(text)
+    if not match:
+        return f"query failed: {text[:200]}"
+    status, raw = match.groups()
+    try:
+        body = ast.literal_eval(raw)
+        payload = json.loads(body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body))
+        detail = str(payload.get("error") or payload)
+    except (ValueError, SyntaxError, AttributeError, TypeError):
+        detail = raw[:200]
+    return f"HTTP {status}: {detail}"
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """True when a timeout is anywhere in the chain: requests reports read timeouts under
+    ``Retry(total=0)`` as a ConnectionError wrapping urllib3's ReadTimeoutError."""
+    seen: BaseException | None = exc
+    depth = 0
+    while seen is not None and depth < 10:
+        if isinstance(seen, urllib3.exceptions.NewConnectionError):
+            return False  # a refused connection; urllib3 derives it from ConnectTimeoutError
+        if isinstance(seen, requests.Timeout | TimeoutError | urllib3.exceptions.TimeoutError):
+            return True
+        reason = getattr(seen, "reason", None)
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+        depth += 1
+    return False
 
 
 def _root_cause(exc: BaseException) -> str:

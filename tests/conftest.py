@@ -1,0 +1,59 @@
+"""Shared fixtures: a real, backfilled Prometheus holding the bundled incident, the CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from diagnoser.local_prometheus import LocalPrometheus
+from diagnoser.rulestest import backfill_text, parse_duration
+
+REPO = Path(__file__).resolve().parent.parent
+INCIDENT = REPO / "examples" / "checkout-incident.yaml"
+
+
+@dataclass(frozen=True)
+class IncidentPrometheus:
+    url: str
+    start_s: float
+
+    def at(self, offset: str) -> str:
+        """RFC 3339 instant ``offset`` after the incident timeline's start."""
+        instant = datetime.fromtimestamp(self.start_s + parse_duration(offset), UTC)
+        return instant.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.fixture(scope="session")
+def incident_prometheus() -> Iterator[IncidentPrometheus]:
+    text, starts = backfill_text(INCIDENT)
+    with LocalPrometheus(openmetrics=text) as prometheus:
+        yield IncidentPrometheus(prometheus.url, starts[0])
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    """Run ``diagnose`` as a user would: a separate process, real exit code and streams."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
+    full_env.update({"COLUMNS": "200", **(env or {})})
+    completed = subprocess.run(
+        [sys.executable, "-m", "diagnoser", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+    return CliResult(completed.returncode, completed.stdout, completed.stderr)

@@ -1,0 +1,145 @@
+"""A Prometheus that is down, slow, lying or rejecting a query: a report, never a crash."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from diagnoser.local_prometheus import free_port
+from tests.conftest import IncidentPrometheus, run_cli
+
+
+class _Behaviour(BaseHTTPRequestHandler):
+    mode = "slow"
+
+    def do_GET(self) -> None:
+        if self.mode == "slow":
+            time.sleep(5)
+            body, kind = b'{"status":"success","data":{"resultType":"vector","result":[]}}', "application/json"
+        elif self.mode == "garbage":
+            body, kind = b"<html><body>Sign in to continue</body></html>", "text/html"
+        else:  # "broken_json": a 200 that says JSON and is not a Prometheus answer
+            body, kind = b'{"hello": "world"}', "application/json"
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the client gave up (timeout): expected in the slow mode
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(params=["slow", "garbage", "broken_json"])
+def misbehaving_prometheus(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    handler = type("Handler", (_Behaviour,), {"mode": request.param})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield request.param, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _report(result_stdout: str) -> dict[str, object]:
+    report = json.loads(result_stdout)
+    assert isinstance(report, dict)
+    return report
+
+
+def test_prometheus_down(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens here
+    started = time.monotonic()
+    result = run_cli("now", "--prometheus-url", f"http://127.0.0.1:{port}", "--format", "json")
+    elapsed = time.monotonic() - started
+    assert result.code == 1, result.stderr
+    report = _report(result.stdout)
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    assert [f["cause"] for f in findings] == ["source_unavailable"]
+    assert findings[0]["labels"]["source"] == "prometheus"
+    errors = report["errors"]
+    assert isinstance(errors, list) and len(errors) == 1
+    assert errors[0]["source"] == "prometheus"
+    assert f"cannot connect to http://127.0.0.1:{port}" in errors[0]["message"]
+    assert elapsed < 15
+    table = run_cli("now", "--prometheus-url", f"http://127.0.0.1:{port}")
+    assert table.code == 1
+    assert "source_unavailable" in table.stdout
+    assert "sources that could not answer" in table.stdout
+
+
+def test_prometheus_slow_garbage_or_not_prometheus(misbehaving_prometheus: tuple[str, str], tmp_path: Path) -> None:
+    mode, url = misbehaving_prometheus
+    config = tmp_path / "c.yaml"
+    config.write_text("prometheus: {query_timeout_s: 1}\ndeadline_s: 4\n")
+    started = time.monotonic()
+    result = run_cli("now", "--config", str(config), "--prometheus-url", url, "--format", "json")
+    elapsed = time.monotonic() - started
+    assert result.code == 1, result.stderr
+    report = _report(result.stdout)
+    findings = report["findings"]
+    errors = report["errors"]
+    assert isinstance(findings, list) and isinstance(errors, list)
+    assert "source_unavailable" in [f["cause"] for f in findings]
+    messages = " ".join(e["message"] for e in errors)
+    expected = {
+        "slow": "no answer within 1s",
+        "garbage": "did not answer like a Prometheus API",
+        "broken_json": "did not answer like a Prometheus API",
+    }[mode]
+    assert expected in messages
+    # Process start-up plus the 4 s deadline: the run does not wait for the 5 s server.
+    assert elapsed < 4 + 4
+
+
+def test_query_error_is_reported_and_other_rules_still_run(
+    incident_prometheus: IncidentPrometheus, tmp_path: Path
+) -> None:
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "bad-query.yaml").write_text(
+        "cause: dependency_slow\nseverity: warning\ntitle: t\nsummary: s\n"
+        "when:\n  - promql: {query: 'sum(rate(up[5m]) by'}\n"
+    )
+    result = run_cli(
+        "now", "--prometheus-url", incident_prometheus.url, "--at", incident_prometheus.at("35m"),
+        "--slo-p99-ms", "250", "--rules", str(tmp_path), "--format", "json",
+    )
+    assert result.code == 1
+    report = _report(result.stdout)
+    findings = report["findings"]
+    errors = report["errors"]
+    assert isinstance(findings, list) and isinstance(errors, list)
+    assert findings[0]["cause"] == "connection_pool_exhaustion"
+    assert any("HTTP 400" in e["message"] and "parse error" in e["message"] for e in errors), errors
+    assert "source_unavailable" in [f["cause"] for f in findings]
+
+
+def test_a_port_that_accepts_and_never_answers_is_bounded(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(50)  # accepts (kernel backlog) but never reads or answers
+    try:
+        config = tmp_path / "c.yaml"
+        config.write_text("prometheus: {query_timeout_s: 1}\ndeadline_s: 3\n")
+        started = time.monotonic()
+        result = run_cli(
+            "now", "--config", str(config), "--prometheus-url", f"http://127.0.0.1:{listener.getsockname()[1]}",
+            "--format", "json",
+        )
+        assert result.code == 1
+        assert time.monotonic() - started < 3 + 4
+        assert "source_unavailable" in [f["cause"] for f in _report(result.stdout)["findings"]]  # type: ignore[union-attr]
+    finally:
+        listener.close()

@@ -1,0 +1,117 @@
+"""A real Redis at maxclients, scraped live by prometheus-redis-exporter and a real Prometheus.
+
+The client side of the incident in the README: clients' pools want more connections than Redis
+allows, Redis rejects them, and ``diagnose now`` names connection_pool_exhaustion with the
+maxclients to set.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from diagnoser.local_prometheus import LocalPrometheus, free_port
+from tests.conftest import run_cli
+
+MAXCLIENTS = 12
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture
+def redis_stack(tmp_path: Path) -> Iterator[tuple[int, str]]:
+    for binary in ("redis-server", "prometheus-redis-exporter"):
+        assert shutil.which(binary), f"{binary} missing: run scripts/setup.sh"
+    redis_port, exporter_port = free_port(), free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--dir", str(tmp_path), "--save", "",
+         "--appendonly", "no", "--maxclients", str(MAXCLIENTS), "--logfile", str(tmp_path / "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    exporter = subprocess.Popen(
+        ["prometheus-redis-exporter", "-redis.addr", f"redis://127.0.0.1:{redis_port}",
+         "-web.listen-address", f"127.0.0.1:{exporter_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(redis_port)
+        _wait_port(exporter_port)
+        yield redis_port, f"127.0.0.1:{exporter_port}"
+    finally:
+        for process in (exporter, redis):
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def _query(url: str, promql: str) -> list[dict[str, object]]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", timeout=5) as r:
+        result = json.load(r)["data"]["result"]
+        assert isinstance(result, list)
+        return result
+
+
+def _wait_for(url: str, promql: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _query(url, promql):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"no result for {promql} within {timeout}s")
+
+
+def _connect_and_ping(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(b"PING\r\n")
+        return sock.recv(200)
+
+
+def test_redis_at_maxclients_is_diagnosed(redis_stack: tuple[int, str]) -> None:
+    redis_port, exporter = redis_stack
+    with LocalPrometheus(scrape_targets=[exporter], scrape_interval="1s") as prometheus:
+        _wait_for(prometheus.url, "redis_rejected_connections_total == 0")
+        # Take every slot, overflow, then free two: the exporter needs one to report the rejections.
+        held = [socket.create_connection(("127.0.0.1", redis_port), timeout=2) for _ in range(MAXCLIENTS)]
+        try:
+            for sock in held:
+                sock.sendall(b"PING\r\n")
+                sock.recv(100)
+            answers = [_connect_and_ping(redis_port) for _ in range(25)]
+            assert sum(b"max number of clients reached" in a for a in answers) >= 20, answers
+            for sock in held[:2]:
+                sock.close()
+            _wait_for(prometheus.url, "redis_rejected_connections_total > 0")
+        finally:
+            for sock in held:
+                sock.close()
+        _wait_for(prometheus.url, "redis_connected_clients < 5")  # scrapes resume once slots free up
+        result = run_cli("now", "--prometheus-url", prometheus.url, "--format", "json")
+    assert result.code == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["errors"] == []
+    redis = [f for f in report["findings"] if f["rule_id"] == "pools/redis-rejected-connections"]
+    assert len(redis) == 1, report["findings"]
+    finding = redis[0]
+    assert finding["cause"] == "connection_pool_exhaustion"
+    assert finding["labels"]["instance"] == exporter
+    assert f"of {MAXCLIENTS} client slots" in finding["summary"]
+    assert f"from {MAXCLIENTS} to at least 15" in finding["recommendation"]

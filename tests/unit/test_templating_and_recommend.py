@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from diagnoser.recommend import ExpressionError, evaluate_expression, pool_size_for, shard_count_for
+from diagnoser.templating import MissingVariable, format_text, resolve_placeholders, variables_for
+
+
+@pytest.mark.parametrize(
+    ("rps", "latency", "headroom", "expected"),
+    [(5000, 0.004, 1.25, 25), (200, 0.05, 1.0, 10), (0, 0.1, 1.25, 1), (1, 0.0001, 1.0, 1), (333, 0.03, 1.5, 15)],
+)
+def test_pool_size_by_littles_law(rps: float, latency: float, headroom: float, expected: int) -> None:
+    assert pool_size_for(rps, latency, headroom) == expected
+
+
+def test_shard_count_for_index_size() -> None:
+    assert shard_count_for(300 * 1024**3) == 10
+    assert shard_count_for(1) == 1
+
+
+def test_expression_uses_named_values_and_functions() -> None:
+    values = {"uses": 200.0, "hold": 0.05, "used": 10.0, "pending": 30.0, "params.headroom": 1.25}
+    result = evaluate_expression("max(pool_size_for(uses, hold, params.headroom), ceil((used + pending) * params.headroom))", values)
+    assert result == 50
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["__import__('os')", "open('x')", "a.__class__", "[1, 2]", "'text'", "lambda: 1", "x[0]"],
+)
+def test_expression_rejects_anything_but_arithmetic(expression: str) -> None:
+    with pytest.raises(ExpressionError):
+        evaluate_expression(expression, {"a": 1, "x": 1})
+
+
+def test_expression_missing_value_and_division_by_zero() -> None:
+    with pytest.raises(ExpressionError, match="has no value"):
+        evaluate_expression("a * 2", {"a": None})
+    with pytest.raises(ExpressionError):
+        evaluate_expression("1 / a", {"a": 0})
+
+
+def test_placeholders_keep_type_when_whole_and_format_inside_text() -> None:
+    variables = variables_for(slo_p99_ms=250, slo_error_ratio=0.01, signals={"queue_length": "q_len"}, params={"n": 3})
+    resolved = resolve_placeholders(
+        {"threshold": "${slo.p99_seconds}", "query": "sum(${signals.queue_length}) > ${params.n}", "keep": 1},
+        variables,
+    )
+    assert resolved == {"threshold": 0.25, "query": "sum(q_len) > 3", "keep": 1}
+    with pytest.raises(MissingVariable, match="signals.other"):
+        resolve_placeholders("${signals.other}", variables)
+
+
+def test_format_text_is_lenient() -> None:
+    text = format_text("{job}: {value:.1%} of {max:.0f} ({missing}) {params.headroom}", {
+        "job": "api", "value": 0.953, "max": 10.0, "params.headroom": 1.25,
+    })
+    assert text == "api: 95.3% of 10 (?) 1.25"
+    assert format_text("{value:.2f}", {"value": math.inf}) == "inf"
+    assert format_text("{broken", {}) == "{broken"
