@@ -339,7 +339,13 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
         else:
             group = 2
         same_service = 0 if _service(finding) in services else 1
-        return (finding.severity == Severity.info, group, same_service, -finding.severity.rank, finding.rule_id)
+        return (
+            finding.severity == Severity.info,
+            group,
+            same_service,
+            -finding.severity.rank,
+            finding.rule_id,
+        )
 
     return sorted(findings, key=key)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, trend_query
+from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, limit_query, trend_query
 from diagnoser.config import Settings
 from diagnoser.models import SourceError
 from diagnoser.ruleset import Rule, RuleSet, resolve_condition
@@ -56,5 +56,5 @@ def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str]]:
             elif isinstance(resolved, TrendParams):
                 found.append((where, trend_query(resolved)))
                 if resolved.limit:
-                    found.append((where.replace(".query", ".limit"), resolved.limit))
+                    found.append((where.replace(".query", ".limit"), limit_query(resolved)))
     return found

@@ -163,37 +163,56 @@ def trend_query(params: TrendParams) -> str:
     return f"deriv({ranged})"
 
 
+def limit_query(params: TrendParams) -> str:
+    """Each series' limit, one per join key; 0 and absent mean unlimited (cAdvisor's convention)."""
+    on = ", ".join(params.join_on)
+    return f"max by ({on}) ({params.limit}) > 0"
+
+
 @check_kind("trend", params=TrendParams, source=SOURCE)
 async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
     source = _prometheus(ctx)
-    expression = trend_query(params)
-    projected = await source.query(expression, ctx.at, params.timeout_s)
-    if isinstance(projected, SourceError):
-        return projected
-    limits: dict[tuple[str, ...], float] = {}
-    if params.limit is not None:
-        limit_samples = await source.query(params.limit, ctx.at, params.timeout_s)
-        if isinstance(limit_samples, SourceError):
-            return limit_samples
-        for sample in limit_samples:
-            # A limit of 0 or +Inf means "unlimited" for cAdvisor: nothing to reach.
-            if sample.is_finite and sample.value > 0:
-                limits[_key(sample.labels, params.join_on)] = sample.value
-    evidence: list[Evidence] = []
-    for sample in projected:
-        bound = params.threshold if params.limit is None else limits.get(_key(sample.labels, params.join_on))
-        if bound is None or not compare(sample.value, params.op, bound):
-            continue
-        evidence.append(
+    projection = trend_query(params)
+    if params.limit is None:
+        samples = await source.query(projection, ctx.at, params.timeout_s)
+        if isinstance(samples, SourceError):
+            return samples
+        assert params.threshold is not None
+        return [
             Evidence(
                 source=SOURCE,
-                query=source.prepare(expression),
-                labels=sample.labels,
-                value=sample.value,
-                threshold=bound,
+                query=source.prepare(projection),
+                labels=s.labels,
+                value=s.value,
+                threshold=params.threshold,
             )
+            for s in samples
+            if compare(s.value, params.op, params.threshold)
+        ]
+    # Compare in Prometheus so only the series that reach their limit travel back, then fetch
+    # those series' limits for the evidence.
+    on = ", ".join(params.join_on)
+    limits = limit_query(params)
+    reaching = f"{projection} {params.op} on ({on}) group_left () ({limits})"
+    hits = await source.query(reaching, ctx.at, params.timeout_s)
+    if isinstance(hits, SourceError):
+        return hits
+    if not hits:
+        return []
+    hit_limits = await source.query(f"({limits}) and on ({on}) ({reaching})", ctx.at, params.timeout_s)
+    if isinstance(hit_limits, SourceError):
+        return hit_limits
+    by_key = {_key(s.labels, params.join_on): s.value for s in hit_limits}
+    return [
+        Evidence(
+            source=SOURCE,
+            query=source.prepare(reaching),
+            labels=s.labels,
+            value=s.value,
+            threshold=by_key.get(_key(s.labels, params.join_on)),
         )
-    return evidence
+        for s in hits
+    ]
 
 
 def _key(labels: dict[str, str], on: list[str]) -> tuple[str, ...]:

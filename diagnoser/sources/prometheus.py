@@ -112,11 +112,30 @@ class PrometheusSource:
         return rewrite_metric_names(query, self.metric_overrides)
 
     async def query(
-        self, query: str, at: datetime, timeout_s: float | None = None
+        self, query: str, at: datetime, timeout_s: float | None = None, *, share: bool = True
     ) -> list[Sample] | SourceError:
-        """Evaluate ``query`` at instant ``at``; samples, or a SourceError saying what went wrong."""
+        """Evaluate ``query`` at instant ``at``; samples, or a SourceError saying what went wrong.
+
+        Rules share queries (a service's request rate, a pool's size): the same query at the same
+        instant is sent once and its answer shared, while in flight and for a while after
+        (``share=False`` always asks Prometheus).
+        """
         timeout = timeout_s or self.settings.query_timeout_s
         prepared = self.prepare(query)
+        if not share:
+            return await self._query_once(prepared, at, timeout)
+        key = (prepared, at.timestamp(), timeout)
+        shared = self._shared.get(key)
+        if shared is None or shared.get_loop() is not asyncio.get_running_loop():
+            shared = asyncio.ensure_future(self._query_once(prepared, at, timeout))
+            self._shared[key] = shared
+            while len(self._shared) > _SHARED_ANSWERS:
+                self._shared.popitem(last=False)
+        # shield: one rule giving up (deadline) must not cancel the answer other rules wait for.
+        return await asyncio.shield(shared)
+
+    async def _query_once(self, prepared: str, at: datetime, timeout_s: float) -> list[Sample] | SourceError:
+        timeout = timeout_s
         loop = asyncio.get_running_loop()
         try:
             return await asyncio.wait_for(
@@ -144,7 +163,9 @@ class PrometheusSource:
             return self._error(f"request to {self.url} failed: {_root_cause(exc)}")
         except (ValueError, KeyError, TypeError) as exc:
             # JSON, but not the API's envelope (no data.result).
-            return self._error(f"{self.url} did not answer like a Prometheus API ({type(exc).__name__}: {exc})")
+            return self._error(
+                f"{self.url} did not answer like a Prometheus API ({type(exc).__name__}: {exc})"
+            )
         try:
             return _samples_from(result)
         except (ValueError, KeyError, TypeError, IndexError) as exc:

@@ -44,7 +44,7 @@ def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.Mo
 def test_bad_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(text)
-    with pytest.raises(ConfigError, match="c.yaml") as info:
+    with pytest.raises(ConfigError, match=r"c\.yaml") as info:
         load_settings(config)
     assert message in str(info.value)
 

@@ -50,7 +50,7 @@ def test_placeholders_keep_type_when_whole_and_format_inside_text() -> None:
         variables,
     )
     assert resolved == {"threshold": 0.25, "query": "sum(q_len) > 3", "keep": 1}
-    with pytest.raises(MissingVariable, match="signals.other"):
+    with pytest.raises(MissingVariable, match=r"signals\.other"):
         resolve_placeholders("${signals.other}", variables)
 
 

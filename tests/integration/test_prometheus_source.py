@@ -1,0 +1,65 @@
+"""PrometheusSource against a real Prometheus: result types, NaN/Inf, errors as values."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from diagnoser.config import PrometheusSettings
+from diagnoser.models import SourceError
+from diagnoser.sources.prometheus import PrometheusSource, Sample, rewrite_metric_names
+from tests.conftest import IncidentPrometheus
+
+
+def query(prom: IncidentPrometheus, promql: str, **overrides: str) -> list[Sample] | SourceError:
+    source = PrometheusSource(PrometheusSettings(url=prom.url), metric_overrides=dict(overrides))
+    at = datetime.fromtimestamp(prom.start_s + 35 * 60, UTC)
+    try:
+        return asyncio.run(source.query(promql, at))
+    finally:
+        source.close()
+
+
+def test_vector_scalar_nan_and_inf(incident_prometheus: IncidentPrometheus) -> None:
+    vector = query(incident_prometheus, 'db_client_connection_max{db_client_connection_pool_name="orders-db"}')
+    assert isinstance(vector, list) and len(vector) == 1
+    assert vector[0].value == 10.0
+    assert vector[0].labels["pod"] == "checkout-5d8c7-a"
+    scalar = query(incident_prometheus, "scalar(vector(42))")
+    assert scalar == [Sample(labels={}, value=42.0)]
+    nan = query(incident_prometheus, "vector(0) / 0")
+    assert isinstance(nan, list) and math.isnan(nan[0].value)
+    inf = query(incident_prometheus, "vector(1) / 0")
+    assert isinstance(inf, list) and inf[0].value == math.inf and not inf[0].is_finite
+    assert query(incident_prometheus, 'up{job="no-such-job"}') == []
+
+
+def test_range_vector_and_bad_query_are_errors(incident_prometheus: IncidentPrometheus) -> None:
+    ranged = query(incident_prometheus, "db_client_connection_max[5m]")
+    assert isinstance(ranged, SourceError)
+    assert "range vector" in ranged.message
+    broken = query(incident_prometheus, "sum(")
+    assert isinstance(broken, SourceError)
+    assert broken.message.startswith("HTTP 400: ")
+    assert "parse error" in broken.message
+
+
+def test_metric_overrides_rename_what_is_sent(incident_prometheus: IncidentPrometheus) -> None:
+    renamed = query(incident_prometheus, "sum(pool_max_in_my_app)", pool_max_in_my_app="db_client_connection_max")
+    assert isinstance(renamed, list) and renamed[0].value == 10.0
+
+
+@pytest.mark.parametrize(
+    ("promql", "overrides", "expected"),
+    [
+        ("rate(a_total[5m])", {"a_total": "b_total"}, "rate(b_total[5m])"),
+        ("sum(rate(h_bucket[5m])) by (le)", {"h": "x"}, "sum(rate(x_bucket[5m])) by (le)"),
+        ('up{job="h"} + h_count', {"h": "x"}, 'up{job="h"} + x_count'),
+        ("hh_bucket", {"h": "x"}, "hh_bucket"),
+    ],
+)
+def test_rewrite_metric_names(promql: str, overrides: dict[str, str], expected: str) -> None:
+    assert rewrite_metric_names(promql, overrides) == expected
