@@ -1,0 +1,52 @@
+"""The wheel carries the rule pack and probe definitions, and installed code finds them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def test_wheel_ships_rules_runbooks_and_probes(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path)],
+        cwd=REPO, check=True, capture_output=True, timeout=120,
+    )
+    (wheel,) = tmp_path.glob("diagnoser-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped_rules = {
+        p.relative_to(REPO / "rules").as_posix() for p in (REPO / "rules").rglob("*") if p.is_file()
+    }
+    assert {f"diagnoser/_data/rules/{name}" for name in shipped_rules} <= names
+    assert "diagnoser/_data/rules/pools/otel-pool-exhaustion.md" in names
+    assert any(n.startswith("diagnoser/_data/probes/") for n in names)
+    assert "diagnoser/py.typed" in names
+
+    # Installed from the wheel, the loader finds the packaged pack (not a source checkout).
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "from diagnoser.ruleset import builtin_rules_dir, load_rules;"
+        "d = builtin_rules_dir(); r = load_rules([]);"
+        "print(d); print(len(r), len(r.problems))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
+        capture_output=True, text=True, check=True,
+    )
+    location, counts = result.stdout.split("\n")[:2]
+    assert location.startswith(str(site))
+    rules, problems = map(int, counts.split())
+    assert rules >= 20
+    assert problems == 0
+
+
+def test_public_surface_is_exported() -> None:
+    import diagnoser
+
+    for name in diagnoser.__all__:
+        assert hasattr(diagnoser, name), name
+    assert diagnoser.pool_size_for(5000, 0.004, 1.25) == 25
