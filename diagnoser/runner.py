@@ -7,6 +7,7 @@ parse, a malformed URL) becomes an error entry like any other source failure.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,15 +34,16 @@ class BuiltSources:
     sources: Sources
     errors: list[SourceError] = field(default_factory=list)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close every source; some close synchronously, the Elasticsearch client asynchronously."""
         for source in (self.sources.prometheus, self.sources.elasticsearch, self.sources.kubernetes):
             close = getattr(source, "close", None)
             if close is None:
                 continue
             try:
                 result = close()
-                if hasattr(result, "close"):  # an un-awaited coroutine: nothing to do synchronously
-                    result.close()
+                if inspect.isawaitable(result):
+                    await result
             except Exception:  # closing is best effort
                 log.debug("closing %r failed", source, exc_info=True)
 
@@ -112,4 +114,4 @@ async def run_diagnosis(
         return diagnosis
     finally:
         if owned:
-            built.close()
+            await built.aclose()

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The fixture server lives in tests/fixtures; make ``tests`` importable whatever the rootdir layout.
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from diagnoser.config import KubernetesSettings  # noqa: E402
-from diagnoser.sources.kubernetes import KubernetesSource  # noqa: E402
-from tests.fixtures.k8s_server import Cluster, K8sFixtureServer  # noqa: E402
+from diagnoser.config import KubernetesSettings
+from diagnoser.sources.kubernetes import KubernetesSource
+from tests.fixtures.k8s_server import Cluster, K8sFixtureServer
 
 ServeFactory = Callable[..., K8sFixtureServer]
 
