@@ -185,10 +185,10 @@ def distinct_queries(rules, settings) -> list[str]:  # type: ignore[no-untyped-d
     return list(queries)
 
 
-async def measure(url: str, runs: int, verbose: bool) -> None:
+async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     settings = load_settings(
         overrides={
-            "prometheus": {"url": url, "query_timeout_s": 60},
+            "prometheus": {"url": url, "query_timeout_s": 60, "max_concurrency": concurrency},
             "deadline_s": 120,
             "signals": {"queue_length": "db_client_connection_pending_requests"},
         }
@@ -246,6 +246,9 @@ def main() -> int:
     parser.add_argument("--services", type=int, default=125)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--verbose", action="store_true", help="Also print the slowest queries.")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[16], help="prometheus.max_concurrency values to try."
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="diagnoser-bench-") as tmp:
         data = Path(tmp) / "bench.om"
@@ -258,7 +261,9 @@ def main() -> int:
         started = time.perf_counter()
         with LocalPrometheus(openmetrics=data.read_text(), workdir=Path(tmp) / "prom") as prometheus:
             print(f"backfill + start         {time.perf_counter() - started:.1f}s")
-            asyncio.run(measure(prometheus.url, args.runs, args.verbose))
+            for concurrency in args.concurrency:
+                print(f"-- max_concurrency {concurrency}")
+                asyncio.run(measure(prometheus.url, args.runs, args.verbose, concurrency))
     return 0
 
 
