@@ -37,8 +37,10 @@ from diagnoser.errors import ConfigError
 
 __all__ = [
     "BasicAuth",
+    "DaemonSettings",
     "ElasticsearchSettings",
     "KubernetesSettings",
+    "LeaderElectionSettings",
     "ProbeSettings",
     "PrometheusSettings",
     "Settings",
@@ -115,6 +117,59 @@ class SlackSettings(_Section):
     token: SecretStr | None = None
     channel: str | None = None
     base_url: str = "https://slack.com/api/"
+    #: Seconds per HTTP call to Slack (or a Slack-compatible endpoint such as Mattermost).
+    timeout_s: float = Field(default=10.0, gt=0)
+    #: Retries of one message after a 429, each after the Retry-After the server asked for.
+    rate_limit_retries: int = Field(default=2, ge=0, le=10)
+
+
+class LeaderElectionSettings(_Section):
+    """A coordination.k8s.io/v1 Lease decides which replica notifies (client-go's algorithm)."""
+
+    #: ``None``: on whenever Kubernetes is configured; a lone instance without Kubernetes is leader.
+    enabled: bool | None = None
+    lease_name: str = "diagnoser"
+    namespace: str = "diagnoser"
+    #: This replica's name in the Lease; default: the host name (the pod name in a cluster).
+    identity: str | None = None
+    lease_duration_s: float = Field(default=15.0, gt=0)
+    renew_interval_s: float = Field(default=5.0, gt=0)
+
+
+class DaemonSettings(_Section):
+    """``diagnose serve``: schedules, notification state, HTTP endpoints and shutdown."""
+
+    diagnose_interval_s: float = Field(default=60.0, gt=0)
+    probe_interval_s: float = Field(default=300.0, gt=0)
+    #: Random delay added to each run so replicas and jobs do not fire in lockstep.
+    jitter_s: float = Field(default=5.0, ge=0)
+    #: A run that could not start on time still starts if it is at most this late.
+    misfire_grace_s: float = Field(default=30.0, gt=0)
+    #: A finding that is still there is notified again only after this many seconds.
+    cooldown_s: float = Field(default=3600.0, ge=0)
+    #: Findings below this severity are kept in the state but never notified.
+    notify_min_severity: str = "warning"
+    state_path: Path = Path("diagnoser-state.sqlite3")
+    #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager.
+    listen: str = "0.0.0.0:8080"
+    #: /readyz fails when the last diagnosis is older; default 3 intervals plus the deadline.
+    ready_max_age_s: float | None = Field(default=None, gt=0)
+    #: On SIGTERM, in-flight work gets this long to finish before it is cancelled.
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    #: How often queued notifications are retried while Slack is unreachable.
+    outbox_retry_s: float = Field(default=5.0, gt=0)
+    #: Bearer token Alertmanager must send to POST /alertmanager; unset: the receiver is off.
+    alertmanager_token: SecretStr | None = None
+    #: Probe definitions (``probes/*.yaml``) run by the probe job.
+    probe_files: list[Path] = Field(default_factory=list)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+
+    @field_validator("notify_min_severity")
+    @classmethod
+    def _known_severity(cls, value: str) -> str:
+        if value not in ("critical", "warning", "info"):
+            raise ValueError("must be one of critical, warning, info")
+        return value
 
 
 class Settings(BaseSettings):
@@ -130,6 +185,7 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     #: Metric-name overrides: ``real exporter name -> name in this installation``.
     metrics: dict[str, str] = Field(default_factory=dict)
     #: Application signals rules refer to as ``${signals.NAME}``, e.g. ``queue_length``.

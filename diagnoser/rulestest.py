@@ -199,7 +199,9 @@ def backfill_text(path: Path) -> tuple[str, list[float]]:
     """
     spec = load_test_file(path)
     starts = [float(TIMELINE_START_S + GROUP_SPACING_S * index) for index in range(len(spec.tests))]
-    samples = [s for group, start in zip(spec.tests, starts, strict=True) for s in _group_samples(group, start)]
+    samples = [
+        s for group, start in zip(spec.tests, starts, strict=True) for s in _group_samples(group, start)
+    ]
     return to_openmetrics(samples), starts
 
 

@@ -30,6 +30,11 @@ def test_every_piece_is_there() -> None:
         "ConfigMap",
         "Secret",
         "Deployment",
+        "PersistentVolumeClaim",
+        "Service",
+        "ServiceMonitor",
+        "Role",
+        "RoleBinding",
     }
 
 

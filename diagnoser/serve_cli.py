@@ -1,0 +1,110 @@
+"""``diagnose serve``: the command that runs the always-on daemon.
+
+    diagnose serve --config /etc/diagnoser/config.yaml --log-format json
+    diagnose serve --prometheus-url http://prometheus:9090 --listen 0.0.0.0:8080 \
+        --state /var/lib/diagnoser/state.sqlite3
+
+It stops gracefully on SIGTERM or SIGINT (exit 0); a configuration error exits 2 before anything
+starts. ``python -m diagnoser.serve_cli`` runs the same command on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from diagnoser.config import load_settings
+from diagnoser.errors import ConfigError, DiagnoserError
+from diagnoser.logs import configure_logging
+
+__all__ = ["LogFormat", "main", "serve_command"]
+
+log = logging.getLogger("diagnoser.serve")
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+def serve_command(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="YAML config file (DIAGNOSER_* variables override it)."),
+    ] = None,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option("--prometheus-url", help="PromQL API base URL (Prometheus, Thanos, Mimir...)."),
+    ] = None,
+    log_format: Annotated[LogFormat, typer.Option("--log-format", help="Log lines as text or JSON.")] = (
+        LogFormat.text
+    ),
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    listen: Annotated[
+        str | None, typer.Option("--listen", help="host:port for /healthz, /readyz, /metrics, /alertmanager.")
+    ] = None,
+    state: Annotated[
+        Path | None, typer.Option("--state", help="SQLite state file (findings, notification outbox).")
+    ] = None,
+) -> None:
+    """Run the daemon: probe and diagnose on a schedule, notify Slack once per problem."""
+    overrides: dict[str, Any] = {}
+    if prometheus_url:
+        overrides["prometheus"] = {"url": prometheus_url}
+    daemon: dict[str, Any] = {}
+    if listen:
+        daemon["listen"] = listen
+    if state:
+        daemon["state_path"] = str(state)
+    if daemon:
+        overrides["daemon"] = daemon
+    try:
+        settings = load_settings(config, overrides=overrides or None)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    configure_logging(settings, log_format=log_format.value, level=log_level)
+    from diagnoser.daemon import run_daemon
+
+    try:
+        asyncio.run(run_daemon(settings))
+    except (DiagnoserError, OSError) as exc:  # e.g. the listen port is taken, the state dir unwritable
+        log.error("cannot run the daemon: %s", exc)
+        raise typer.Exit(2) from exc
+    _exit_without_waiting_for_blocked_threads()
+
+
+def _exit_without_waiting_for_blocked_threads() -> None:
+    """Exit now even if a source's worker thread is still blocked in a read.
+
+    The daemon has stopped and closed its state; a thread stuck on a hung Prometheus or API
+    server would otherwise hold the interpreter's exit (it joins worker threads) until its
+    socket timeout, far beyond the shutdown bound Kubernetes allows before SIGKILL.
+    """
+    main = threading.main_thread()
+    blocked = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    if not blocked:
+        return
+    log.info("exiting without waiting for %d worker thread(s) blocked in I/O", len(blocked))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def main() -> None:
+    """Run ``serve_command`` as a program of its own."""
+    typer.run(serve_command)
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
