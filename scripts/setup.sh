@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey python3-venv)
-NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey)
+APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl python3-venv)
+NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl)
 VENV=${VENV:-.venv}
 
 as_root() {

@@ -1,0 +1,182 @@
+"""The ``probe`` check kind: a number read from the last probe run, compared with a threshold.
+
+``field`` names a number of the :class:`~diagnoser.probe.ProbeResult` by its JSON path, or a
+sum of them with ``+``; ``per`` divides it by a count to make a ratio::
+
+    - probe: {field: latency_ms.p99, op: ">", threshold: "${slo.p99_ms}"}
+    - probe: {field: failures.empty_body+failures.empty_json+failures.missing_path, per: finished,
+              op: ">", threshold: 0.01}
+    - probe: {field: phase_share_p99.connect+phase_share_p99.tls, op: ">=", threshold: 0.5}
+    - probe: {field: error_ratio, op: ">", threshold: "${slo.error_ratio}"}
+
+Besides the result's own fields, ``error_ratio`` (every failure kind over finished requests)
+is available. Field names are checked when the rule loads, so a typo is a rule error. The check
+holds with one evidence row (labels ``target`` and ``host``); for ``failures.*`` fields its
+``detail`` quotes the sampled responses of those kinds, so a report shows the body that was
+wrong. With no probe run (``ctx.sources.probe`` is ``None``) the rule is skipped.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.models import Evidence
+from diagnoser.probe.result import ProbeResult
+
+__all__ = ["ProbeParams", "probe_check", "read_field"]
+
+SOURCE = "probe"
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+_DERIVED: dict[str, Callable[[ProbeResult], float]] = {"error_ratio": lambda r: r.error_ratio}
+_COUNTS = ("sent", "completed", "finished")
+_EXAMPLE_BODY_CHARS = 200
+
+
+def _read_path(data: Any, path: str) -> Any:
+    value = data
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(path)
+        value = value[part]
+    return value
+
+
+def read_field(result: ProbeResult, field: str, dumped: dict[str, Any] | None = None) -> float | None:
+    """The value of ``field`` (a path or ``a+b`` sum); ``None`` when any part was not measured."""
+    data = dumped if dumped is not None else result.model_dump(mode="json", exclude={"histogram", "examples"})
+    total = 0.0
+    for term in field.split("+"):
+        term = term.strip()
+        if term in _DERIVED:
+            value: Any = _DERIVED[term](result)
+        else:
+            value = _read_path(data, term)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{term} is not a number")
+        total += float(value)
+    return total
+
+
+def _validate_field(field: str) -> str:
+    sample = ProbeResult(
+        target="http://x/", requested_rate=1, achieved_rate=1, duration_s=1, sent=1, completed=1
+    )
+    data = sample.model_dump(mode="json", exclude={"histogram", "examples"})
+    for term in field.split("+"):
+        term = term.strip()
+        if term in _DERIVED:
+            continue
+        try:
+            value = _read_path(data, term)
+        except KeyError:
+            raise ValueError(f"{term!r} is not a field of the probe result") from None
+        if isinstance(value, dict | list | str | bool):
+            raise ValueError(f"{term!r} is not a number (pick a field inside it)")
+    return field
+
+
+class ProbeParams(BaseModel):
+    """Parameters of a ``probe`` condition."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    field: str
+    #: Divide by this count (``finished``, ``completed`` or ``sent``) to get a ratio.
+    per: Literal["sent", "completed", "finished"] | None = None
+    op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
+    threshold: float
+    #: Fewer finished requests than this and the run is too small to judge: the check does not hold.
+    min_requests: int = Field(default=10, ge=1)
+
+    @field_validator("field")
+    @classmethod
+    def _known_field(cls, value: str) -> str:
+        return _validate_field(value)
+
+
+def _failure_kinds(field: str) -> set[str]:
+    return {t.strip().split(".", 1)[1] for t in field.split("+") if t.strip().startswith("failures.")}
+
+
+def _detail(result: ProbeResult, params: ProbeParams) -> str:
+    kinds = _failure_kinds(params.field)
+    if kinds:
+        shown = []
+        for example in result.examples:
+            if example.kind not in kinds:
+                continue
+            body = example.body if example.body is not None else ""
+            if len(body) > _EXAMPLE_BODY_CHARS:
+                body = body[:_EXAMPLE_BODY_CHARS] + "..."
+            if example.kind == "truncated" and example.content_length is not None:
+                shown.append(
+                    f"{example.status} with Content-Length {example.content_length} but "
+                    f"{example.received_bytes} bytes received: {body}"
+                )
+            elif example.status is not None:
+                shown.append(f"{example.status} {body}" if body else f"{example.status} with an empty body")
+            else:
+                shown.append(example.error or example.kind)
+        counts = ", ".join(f"{k} {getattr(result.failures, k)}" for k in sorted(kinds))
+        sample = "; ".join(dict.fromkeys(shown)) or "no sample kept"
+        return f"{sample} ({counts} of {result.finished} requests)"
+    if params.field.startswith("phase_share_p99"):
+        shares = result.phase_share_p99
+        parts = ", ".join(f"{name} {value:.0%}" for name, value in shares.model_dump().items() if value)
+        return (
+            f"slowest 1% of requests: {parts}; {result.connections_opened} connections opened "
+            f"for {result.finished} requests"
+        )
+    latency = result.latency_ms
+    return (
+        f"p50 {latency.p50} ms, p99 {latency.p99} ms, max {latency.max} ms over {result.finished} requests "
+        f"at {result.achieved_rate:g} req/s; errors {result.failures.total}"
+    )
+
+
+@check_kind("probe", params=ProbeParams, source=SOURCE)
+async def probe_check(params: ProbeParams, ctx: CheckContext) -> CheckResult:
+    """Holds when the probe's ``field`` (``/ per``) compares ``op`` ``threshold``."""
+    result = ctx.require(ctx.sources.probe, SOURCE)
+    if isinstance(result, dict):
+        result = ProbeResult.model_validate(result)
+    if not isinstance(result, ProbeResult):
+        raise TypeError(f"sources.probe must be a ProbeResult, got {type(result).__name__}")
+    if result.finished < params.min_requests:
+        return []
+    value = read_field(result, params.field)
+    if value is None:
+        return []
+    if params.per is not None:
+        denominator = getattr(result, params.per)
+        if not denominator:
+            return []
+        value = value / denominator
+    if not _COMPARE[params.op](value, params.threshold):
+        return []
+    query = f"probe {result.target}: {params.field}" + (f" / {params.per}" if params.per else "")
+    return [
+        Evidence(
+            source=SOURCE,
+            query=f"{query} {params.op} {params.threshold:g}",
+            labels={"target": result.target, "host": urlsplit(result.target).hostname or ""},
+            value=value,
+            threshold=params.threshold,
+            detail=_detail(result, params),
+        )
+    ]

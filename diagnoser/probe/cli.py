@@ -1,0 +1,148 @@
+"""``diagnose probe``: run one open-loop probe from the command line and print its report.
+
+::
+
+    diagnose probe http://127.0.0.1:8080/health --rate 50 --duration 30
+    diagnose probe probes/example.yaml --format json > run.json
+    diagnose probe https://api.internal/v1/items --rate 200 --duration 120 --ramp 30
+
+A URL typed here is the user's explicit intent and needs no allowlist entry; a probe file's
+host must be in ``probe.allowed_hosts``. While it runs, a progress line shows the achieved
+rate, the p99 of the last half second and the failures; Ctrl-C stops it cleanly and prints the
+partial report. Exit codes: 0 all answers good, 1 failures or an abort, 2 usage, configuration
+or safety refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from diagnoser.config import ProbeSettings, load_settings
+from diagnoser.errors import DiagnoserError
+from diagnoser.probe.entry import build_spec
+from diagnoser.probe.report import render_report
+from diagnoser.probe.result import ProbeResult
+from diagnoser.probe.runner import INTERRUPTED, ProbeRun
+from diagnoser.probe.spec import ProbeSpec, enforce_safety
+
+__all__ = ["ProbeOutput", "exit_code_for", "probe_command"]
+
+
+class ProbeOutput(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def exit_code_for(result: ProbeResult) -> int:
+    """0 when every answer was good; 1 on failures or a safety abort (a Ctrl-C alone is not one)."""
+    if result.failures.total or (result.aborted and result.abort_reason != INTERRUPTED):
+        return 1
+    return 0
+
+
+async def _run_with_progress(run: ProbeRun, console: Console, show_progress: bool) -> ProbeResult:
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        # Ctrl-C ends the run through its own stop(), so in-flight requests settle and the
+        # partial result is reported instead of a traceback.
+        loop.add_signal_handler(signal.SIGINT, run.stop)
+    task = loop.create_task(run.run())
+    try:
+        if not show_progress:
+            return await task
+        progress = Progress(
+            TextColumn("[bold]probe[/bold]"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[stats]}"),
+            console=console,
+            transient=True,
+        )
+        with progress:
+            bar = progress.add_task("probe", total=run.spec.duration_s, stats="starting")
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.5)
+                live = run.live()
+                p99 = "-" if live.recent_p99_ms is None else f"{live.recent_p99_ms:.1f} ms"
+                progress.update(
+                    bar,
+                    completed=min(live.elapsed_s, live.planned_s),
+                    stats=(
+                        f"{live.achieved_rate:7.1f} req/s  p99 {p99}  errors {live.failures}  "
+                        f"in flight {live.in_flight}  sent {live.sent}"
+                    ),
+                )
+        return await task
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, ProbeResult]], ProbeResult]:
+    """``asyncio.run``, on uvloop when it is installed (less CPU per request, same timer precision)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+
+    def run(coro: Coroutine[Any, Any, ProbeResult]) -> ProbeResult:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+
+    return run
+
+
+def _fail(console: Console, message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def probe_command(
+    target: Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")],
+    rate: Annotated[
+        float | None, typer.Option("--rate", "-r", help="Requests per second (default 10 for a URL).")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", "-d", help="Seconds to run (default 10 for a URL).")
+    ] = None,
+    ramp: Annotated[
+        float | None,
+        typer.Option("--ramp", help="Seconds to ramp up from 1 req/s to --rate before holding it."),
+    ] = None,
+    output: Annotated[ProbeOutput, typer.Option("--format", "-f", help="table or json.")] = ProbeOutput.table,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Config file (YAML).")] = None,
+) -> None:
+    """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
+    err = Console(stderr=True)
+    try:
+        settings = load_settings(config)
+        spec: ProbeSpec
+        spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp)
+        enforce_safety(spec, settings.probe, explicit_target=explicit)
+    except DiagnoserError as exc:
+        raise _fail(err, str(exc)) from exc
+    result = _execute(spec, settings.probe, err, show_progress=err.is_terminal)
+    if output is ProbeOutput.json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
+    else:
+        Console().print(render_report(result))
+    raise typer.Exit(exit_code_for(result))
+
+
+def _execute(
+    spec: ProbeSpec, settings: ProbeSettings, console: Console, *, show_progress: bool
+) -> ProbeResult:
+    run = ProbeRun(spec, settings)
+    return _event_loop_runner()(_run_with_progress(run, console, show_progress))

@@ -1,0 +1,93 @@
+"""Fixtures for probe tests: the delay server in its own process (so it does not share the probe's CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SERVER_SCRIPT = Path(__file__).with_name("delay_server.py")
+
+
+@dataclass
+class DelayServer:
+    """A running delay_server.py: its base URL and its own measurements."""
+
+    url: str
+    process: subprocess.Popen[str]
+
+    def _call(self, method: str, path: str) -> Any:
+        request = urllib.request.Request(
+            self.url + path, method=method, data=b"" if method == "POST" else None
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/stats")
+        return result
+
+    def reset(self) -> None:
+        self._call("POST", "/stats/reset")
+
+    def stall(self, ms: float, after_s: float) -> None:
+        self._call("POST", f"/control/stall?ms={ms:g}&after_s={after_s:g}")
+
+
+def start_delay_server(*extra: str) -> DelayServer:
+    process = subprocess.Popen(
+        [sys.executable, str(SERVER_SCRIPT), "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("PORT "):
+        process.kill()
+        raise RuntimeError(f"delay server did not start: {line!r}")
+    return DelayServer(url=f"http://127.0.0.1:{int(line.split()[1])}", process=process)
+
+
+@pytest.fixture(scope="session")
+def delay_server() -> Iterator[DelayServer]:
+    server = start_delay_server()
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DelayServer]:
+    """The delay server over https with a throw-away self-signed certificate for 127.0.0.1."""
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
+         "-out", str(cert), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server = start_delay_server("--tls", str(cert), str(key))
+    server.url = server.url.replace("http://", "https://")
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=5)
+
+
+@pytest.fixture
+def server(delay_server: DelayServer) -> DelayServer:
+    """The shared server with its own histogram reset and no stall armed."""
+    delay_server.reset()
+    delay_server.stall(0, 0)
+    return delay_server

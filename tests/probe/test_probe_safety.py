@@ -1,0 +1,139 @@
+"""Safety: caps, the allowlist and abort-on-error-ratio act before (or instead of) load."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnoser.config import ProbeSettings
+from diagnoser.errors import ProbeSafetyError
+from diagnoser.probe import build_spec, load_probe_file, run_probe, spec_from_url
+from tests.probe.conftest import DelayServer
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+async def test_a_probe_file_over_the_rate_cap_is_refused(tmp_path: Path, server: DelayServer) -> None:
+    path = _write(
+        tmp_path,
+        f"target: {server.url}/delay\nschedule: {{kind: constant, rate: 5000, duration_s: 700}}\n",
+    )
+    spec, explicit = build_spec(str(path))
+    with pytest.raises(ProbeSafetyError) as caught:
+        await run_probe(spec, ProbeSettings(allowed_hosts=["127.0.0.1"]), explicit_target=explicit)
+    message = str(caught.value)
+    assert "rate 5000 req/s exceeds the cap of 1000 req/s" in message
+    assert "duration 700 s exceeds the cap of 600 s" in message
+    assert "probe.max_rate" in message
+    assert server.stats()["count"] == 0
+
+
+async def test_a_flag_over_the_cap_is_refused_too() -> None:
+    spec = spec_from_url("http://127.0.0.1:9/", rate=1001, duration_s=1)
+    with pytest.raises(ProbeSafetyError, match="exceeds the cap"):
+        await run_probe(spec, ProbeSettings(), explicit_target=True)
+
+
+async def test_the_config_raises_the_cap(server: DelayServer) -> None:
+    spec = spec_from_url(f"{server.url}/delay?ms=1", rate=1200, duration_s=0.05)
+    result = await run_probe(spec, ProbeSettings(max_rate=2000), explicit_target=True)
+    assert result.sent == 60
+
+
+async def test_a_host_outside_the_allowlist_is_refused_before_any_request(
+    tmp_path: Path, server: DelayServer
+) -> None:
+    path = _write(tmp_path, f"target: {server.url}/delay?ms=1\nschedule: {{rate: 10, duration_s: 1}}\n")
+    spec = load_probe_file(path)
+    with pytest.raises(ProbeSafetyError, match=r"host '127.0.0.1' is not in probe.allowed_hosts"):
+        await run_probe(spec, ProbeSettings(allowed_hosts=["*.staging.example.com"]), explicit_target=False)
+    assert server.stats()["count"] == 0
+    # The same file runs once its host is allowed; a URL typed on the command line needs no entry.
+    result = await run_probe(
+        spec.model_copy(update={"schedule": spec_from_url(spec.target, rate=10, duration_s=0.2).schedule}),
+        ProbeSettings(allowed_hosts=["127.0.0.*"]),
+        explicit_target=False,
+    )
+    assert result.sent == 2
+
+
+async def test_error_ratio_over_threshold_stops_the_run_within_one_window(server: DelayServer) -> None:
+    spec = spec_from_url(f"{server.url}/unavailable", rate=50, duration_s=20)
+    started = time.monotonic()
+    result = await run_probe(
+        spec, ProbeSettings(abort_error_ratio=0.5, abort_window_s=1.0), explicit_target=True
+    )
+    elapsed = time.monotonic() - started
+    assert result.aborted
+    assert result.abort_reason is not None
+    assert "abort threshold of 50%" in result.abort_reason
+    assert elapsed < 1.5, elapsed
+    assert result.sent <= 60
+    assert result.failures.status == result.finished
+
+
+async def test_validation_failures_do_not_abort(server: DelayServer) -> None:
+    spec = spec_from_url(f"{server.url}/empty-object", rate=50, duration_s=1.5)
+    result = await run_probe(
+        spec, ProbeSettings(abort_error_ratio=0.5, abort_window_s=0.5), explicit_target=True
+    )
+    assert not result.aborted
+    assert result.failures.empty_json == result.sent == 75
+
+
+async def test_stop_returns_a_partial_result(server: DelayServer) -> None:
+    import asyncio
+
+    from diagnoser.probe import ProbeRun
+
+    run = ProbeRun(spec_from_url(f"{server.url}/delay?ms=5", rate=100, duration_s=30), ProbeSettings())
+    task = asyncio.create_task(run.run())
+    await asyncio.sleep(0.5)
+    run.stop()
+    result = await asyncio.wait_for(task, 3)
+    assert result.aborted
+    assert result.abort_reason == "interrupted by the user"
+    # Stopped early, and what was sent before the stop kept to the schedule (start-up time varies).
+    assert result.duration_s < 0.6
+    assert result.sent > 0
+    assert abs(result.sent - result.duration_s * 100) <= 3
+    assert result.finished == result.sent
+
+
+async def test_stop_does_not_wait_for_a_far_off_send_time(server: DelayServer) -> None:
+    import asyncio
+
+    from diagnoser.probe import ProbeRun
+
+    run = ProbeRun(spec_from_url(f"{server.url}/delay?ms=1", rate=0.2, duration_s=60), ProbeSettings())
+    task = asyncio.create_task(run.run())
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    run.stop()
+    result = await asyncio.wait_for(task, 3)
+    assert time.monotonic() - started < 0.5
+    assert result.sent == 1
+    assert result.aborted
+
+
+async def test_both_timers_can_be_interrupted() -> None:
+    import asyncio
+
+    from diagnoser.probe.timer import SleepTimer, TimerfdTimer, make_timer
+
+    for timer in (make_timer(precise=True), make_timer(precise=False)):
+        assert isinstance(timer, TimerfdTimer | SleepTimer)
+        waiting = asyncio.create_task(timer.wait_until(time.monotonic() + 30))
+        await asyncio.sleep(0.01)
+        timer.interrupt()
+        await asyncio.wait_for(waiting, 1)
+        deadline = time.monotonic() + 0.005
+        await timer.wait_until(deadline)
+        assert time.monotonic() >= deadline
+        timer.close()
