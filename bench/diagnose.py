@@ -29,7 +29,7 @@ from diagnoser.local_prometheus import LocalPrometheus
 from diagnoser.ruleset import load_rules, resolve_condition
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
-from diagnoser.templating import MissingVariable, variables_for
+from diagnoser.templating import MissingVariable
 
 START = 1_795_802_400
 INTERVAL = 30
@@ -164,13 +164,7 @@ def _families(services: int):  # type: ignore[no-untyped-def]
 def distinct_queries(rules, settings) -> list[str]:  # type: ignore[no-untyped-def]
     queries: dict[str, None] = {}
     for rule in rules:
-        params = {**rule.params, **settings.rule_params.get(rule.id, {})}
-        variables = variables_for(
-            slo_p99_ms=settings.slo.p99_ms,
-            slo_error_ratio=settings.slo.error_ratio,
-            signals=settings.signals,
-            params=params,
-        )
+        variables = rule.variables(settings)
         for condition in (*rule.when, *rule.evidence):
             try:
                 resolved = resolve_condition(condition.kind, condition.raw_params, variables)

@@ -30,7 +30,7 @@ from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
 from diagnoser.recommend import ExpressionError, evaluate_expression
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.sources import Sources
-from diagnoser.templating import MissingVariable, format_text, variables_for
+from diagnoser.templating import MissingVariable, format_text
 
 __all__ = ["RuleOutcome", "attach_source_errors", "diagnose", "evaluate_rule", "rank_findings"]
 
@@ -133,13 +133,8 @@ async def evaluate_rule(rule: Rule, settings: Settings, sources: Sources, at: da
 async def _evaluate(
     rule: Rule, settings: Settings, sources: Sources, at: datetime, outcome: RuleOutcome
 ) -> None:
-    params = {**rule.params, **settings.rule_params.get(rule.id, {})}
-    variables = variables_for(
-        slo_p99_ms=settings.slo.p99_ms,
-        slo_error_ratio=settings.slo.error_ratio,
-        signals=settings.signals,
-        params=params,
-    )
+    params = rule.params_for(settings)
+    variables = rule.variables(settings)
     ctx = CheckContext(at=at, settings=settings, sources=sources, variables=variables)
     conditions = (*rule.when, *rule.evidence)
     for condition in conditions:

@@ -14,7 +14,7 @@ from diagnoser.config import Settings
 from diagnoser.models import SourceError
 from diagnoser.ruleset import Rule, RuleSet, resolve_condition
 from diagnoser.sources.prometheus import PrometheusSource
-from diagnoser.templating import MissingVariable, variables_for
+from diagnoser.templating import MissingVariable
 
 __all__ = ["lint_queries"]
 
@@ -36,12 +36,9 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
 
 
 def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str]]:
-    params = {**rule.params, **settings.rule_params.get(rule.id, {})}
-    variables = variables_for(
-        slo_p99_ms=settings.slo.p99_ms,
-        slo_error_ratio=settings.slo.error_ratio,
-        signals={**{"queue_length": "diagnoser_lint_unset_signal"}, **settings.signals},
-        params=params,
+    # An unset signal still gets a syntactically valid metric name, so its query is checked too.
+    variables = rule.variables(
+        settings, signals={"queue_length": "diagnoser_lint_unset_signal", **settings.signals}
     )
     found: list[tuple[str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):

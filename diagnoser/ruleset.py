@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -27,6 +27,9 @@ from diagnoser.errors import RuleProblem
 from diagnoser.models import CAUSES, SYMPTOMS, Severity
 from diagnoser.recommend import ExpressionError, parse_expression
 from diagnoser.templating import MissingVariable, resolve_placeholders, variables_for
+
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
 
 __all__ = [
     "Condition",
@@ -128,6 +131,19 @@ class Rule:
 
     def runbook_url(self, base_url: str) -> str:
         return f"{base_url}{self.id}.md"
+
+    def params_for(self, settings: Settings) -> dict[str, Any]:
+        """The rule's parameters: its defaults, overridden by ``rule_params.<id>`` in config."""
+        return {**self.params, **settings.rule_params.get(self.id, {})}
+
+    def variables(self, settings: Settings, *, signals: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The ``${...}`` namespace this rule's conditions are resolved in."""
+        return variables_for(
+            slo_p99_ms=settings.slo.p99_ms,
+            slo_error_ratio=settings.slo.error_ratio,
+            signals=settings.signals if signals is None else signals,
+            params=self.params_for(settings),
+        )
 
 
 @dataclass

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import operator
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.comparison import Comparison, compare
 from diagnoser.elasticsearch.hot_threads import POOL_GROUPS, pool_shares
 from diagnoser.elasticsearch.node_stats import field_value, gc_rates
 from diagnoser.elasticsearch.shards import GB, shard_sizing
@@ -67,14 +66,6 @@ CheckName = Literal[
 ]
 SizingProblem = Literal["too_large", "too_small"]
 _SIZING_PROBLEMS: tuple[SizingProblem, ...] = ("too_large", "too_small")
-_COMPARE: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 #: Which parameters each check reads; setting another one is a rule error, not a silent no-op.
 _FIELDS_OF: dict[str, frozenset[str]] = {
     "hot_threads": frozenset({"groups", "min_share", "min_percent", "threads", "interval_ms"}),
@@ -125,7 +116,7 @@ class EsParams(BaseModel):
     min_fielddata_bytes: int = Field(default=10 * 1024 * 1024, ge=0)
     # node_stats
     field: str | None = None
-    op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
+    op: Comparison = ">"
     threshold: float | None = None
     api: Literal["stats", "info"] = "stats"
     delta: bool = False
@@ -449,7 +440,6 @@ async def _node_stats(params: EsParams, source: Any) -> CheckResult:
     # Both are enforced by the params validator.
     assert params.field is not None
     assert params.threshold is not None
-    compare = _COMPARE[params.op]
     readings: list[tuple[str, float | None]] = []
     if params.api == "info":
         nodes = await source.node_info("process" if params.field.startswith("process.") else "_all")
@@ -485,5 +475,5 @@ async def _node_stats(params: EsParams, source: Any) -> CheckResult:
             detail=f"{node}: {params.field} = {value:g} ({params.op} {params.threshold:g})",
         )
         for node, value in readings
-        if value is not None and compare(value, params.threshold)
+        if value is not None and compare(value, params.op, params.threshold)
     ]

@@ -10,15 +10,16 @@ sum of them with ``+``; ``per`` divides it by a count to make a ratio::
     - probe: {field: error_ratio, op: ">", threshold: "${slo.error_ratio}"}
 
 Besides the result's own fields, ``error_ratio`` (every failure kind over finished requests)
-is available. Field names are checked when the rule loads, so a typo is a rule error. The check
-holds with one evidence row (labels ``target`` and ``host``); for ``failures.*`` fields its
-``detail`` quotes the sampled responses of those kinds, so a report shows the body that was
-wrong. With no probe run (``ctx.sources.probe`` is ``None``) the rule is skipped.
+and ``handshake_share_p99`` (connect + TLS over the slowest requests' time on the wire, the
+probe's own schedule lag left out) are available. Field names are checked when the rule loads,
+so a typo is a rule error. The check holds with one evidence row (labels ``target`` and
+``host``); for ``failures.*`` fields its ``detail`` quotes the sampled responses of those kinds,
+so a report shows the body that was wrong. With no probe run (``ctx.sources.probe`` is
+``None``) the rule is skipped.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -26,21 +27,28 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence
 from diagnoser.probe.result import ProbeResult
 
 __all__ = ["ProbeParams", "probe_check", "read_field"]
 
 SOURCE = "probe"
-_COMPARE: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
+def _handshake_share(result: ProbeResult) -> float:
+    """Connect + TLS as a share of the slowest requests' time on the wire.
+
+    The probe's own schedule lag is left out: under load it can inflate the slowest requests'
+    latency without saying anything about the server or its handshakes.
+    """
+    shares = result.phase_share_p99
+    wire = shares.connect + shares.tls + shares.ttfb + shares.body
+    return (shares.connect + shares.tls) / wire if wire > 0 else 0.0
+
+
+_DERIVED: dict[str, Callable[[ProbeResult], float]] = {
+    "error_ratio": lambda r: r.error_ratio,
+    "handshake_share_p99": _handshake_share,
 }
-_DERIVED: dict[str, Callable[[ProbeResult], float]] = {"error_ratio": lambda r: r.error_ratio}
 _COUNTS = ("sent", "completed", "finished")
 _EXAMPLE_BODY_CHARS = 200
 
@@ -98,7 +106,7 @@ class ProbeParams(BaseModel):
     field: str
     #: Divide by this count (``finished``, ``completed`` or ``sent``) to get a ratio.
     per: Literal["sent", "completed", "finished"] | None = None
-    op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
+    op: Comparison = ">"
     threshold: float
     #: Fewer finished requests than this and the run is too small to judge: the check does not hold.
     min_requests: int = Field(default=10, ge=1)
@@ -167,7 +175,7 @@ async def probe_check(params: ProbeParams, ctx: CheckContext) -> CheckResult:
         if not denominator:
             return []
         value = value / denominator
-    if not _COMPARE[params.op](value, params.threshold):
+    if not compare(value, params.op, params.threshold):
         return []
     query = f"probe {result.target}: {params.field}" + (f" / {params.per}" if params.per else "")
     return [

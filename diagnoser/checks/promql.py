@@ -13,37 +13,20 @@ predicted to reach its container limit within the hour is the classic use.
 from __future__ import annotations
 
 import math
-import operator
 import re
-from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence, SourceError
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
-__all__ = ["AbsentParams", "Comparison", "PromqlParams", "TrendParams", "compare"]
+__all__ = ["AbsentParams", "PromqlParams", "TrendParams", "limit_query", "trend_query"]
 
-Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
-_OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 SOURCE = "prometheus"
-
-
-def compare(value: float, op: Comparison, threshold: float) -> bool:
-    """``value op threshold``; NaN never passes (a NaN ratio means no traffic, not a breach)."""
-    if math.isnan(value):
-        return False
-    return _OPERATORS[op](value, threshold)
 
 
 class PromqlParams(BaseModel):
