@@ -18,6 +18,7 @@ The API shows the cluster as it is now: with ``diagnose now --at`` in the past, 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections import Counter, defaultdict
@@ -156,6 +157,19 @@ async def k8s_check(params: K8sParams, ctx: CheckContext) -> CheckResult:
 # --- shared reads -----------------------------------------------------------------------------
 
 
+async def _list_namespaced(
+    source: KubernetesSource, params: K8sParams, *resources: str
+) -> list[list[dict[str, Any]]] | SourceError:
+    """List several resources in the checked namespaces at once; the first failure, if any."""
+    results = await asyncio.gather(
+        *(source.list_objects(resource, namespaces=params.namespaces) for resource in resources)
+    )
+    for result in results:
+        if isinstance(result, SourceError):
+            return result
+    return [r for r in results if not isinstance(r, SourceError)]
+
+
 def _since(params: K8sParams, ctx: CheckContext) -> datetime:
     return ctx.at - timedelta(minutes=params.window_minutes)
 
@@ -220,12 +234,10 @@ async def _metrics_server(params: K8sParams, ctx: CheckContext, source: Kubernet
         message = (available or {}).get("message", "")
         why = f"APIService {params.apiservice} is not Available ({reason}: {message})"
 
-    hpas = await source.list_objects("horizontalpodautoscalers", namespaces=params.namespaces)
-    if isinstance(hpas, SourceError):
-        return hpas
-    events = await source.list_objects("events", namespaces=params.namespaces)
-    if isinstance(events, SourceError):
-        return events
+    listed = await _list_namespaced(source, params, "horizontalpodautoscalers", "events")
+    if isinstance(listed, SourceError):
+        return listed
+    hpas, events = listed
     stuck: dict[str, str] = {}
     for hpa in hpas:
         active = condition(hpa, "ScalingActive")
@@ -341,15 +353,10 @@ _NEW_SIZE = re.compile(r"New size: (\d+); reason: (.*)")
 
 
 async def _hpa_scale_up_slow(params: K8sParams, ctx: CheckContext, source: KubernetesSource) -> CheckResult:
-    hpas = await source.list_objects("horizontalpodautoscalers", namespaces=params.namespaces)
-    if isinstance(hpas, SourceError):
-        return hpas
-    events = await source.list_objects("events", namespaces=params.namespaces)
-    if isinstance(events, SourceError):
-        return events
-    pods = await source.list_objects("pods", namespaces=params.namespaces)
-    if isinstance(pods, SourceError):
-        return pods
+    listed = await _list_namespaced(source, params, "horizontalpodautoscalers", "events", "pods")
+    if isinstance(listed, SourceError):
+        return listed
+    hpas, events, pods = listed
     owners = await _rs_owners(source, params)
     targets = {_ref(h): (h.get("spec") or {}).get("scaleTargetRef") or {} for h in hpas}
     by_workload: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -576,12 +583,10 @@ _PULLED = re.compile(r'Successfully pulled image "[^"]+" in ([\d.]+)(ms|s)')
 
 
 async def _pod_startup(params: K8sParams, ctx: CheckContext, source: KubernetesSource) -> CheckResult:
-    pods = await source.list_objects("pods", namespaces=params.namespaces)
-    if isinstance(pods, SourceError):
-        return pods
-    events = await source.list_objects("events", namespaces=params.namespaces)
-    if isinstance(events, SourceError):
-        return events
+    listed = await _list_namespaced(source, params, "pods", "events")
+    if isinstance(listed, SourceError):
+        return listed
+    pods, events = listed
     owners = await _rs_owners(source, params)
     since = _since(params, ctx)
     starts: dict[tuple[str, str, str], list[float]] = defaultdict(list)
