@@ -20,7 +20,7 @@ the runbooks talk about (search, write, merge, refresh, flush, management, gc, g
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "POOL_GROUPS",
@@ -238,7 +238,7 @@ def parse_hot_threads(text: str) -> list[HotThreadsNode]:
         nonlocal thread, stacks
         close_block()
         if thread is not None and node is not None:
-            node.threads.append(_with_stacks(thread, stacks))
+            node.threads.append(replace(thread, stacks=tuple(stacks)))
         thread, stacks = None, []
 
     for line in text.splitlines():
@@ -283,21 +283,6 @@ def parse_hot_threads(text: str) -> list[HotThreadsNode]:
             frames.append(frame)
     close_thread()
     return nodes
-
-
-def _with_stacks(thread: HotThread, stacks: list[StackSample]) -> HotThread:
-    return HotThread(
-        percent=thread.percent,
-        cpu_percent=thread.cpu_percent,
-        other_percent=thread.other_percent,
-        used_ms=thread.used_ms,
-        interval_ms=thread.interval_ms,
-        usage_kind=thread.usage_kind,
-        name=thread.name,
-        group=thread.group,
-        pool=thread.pool,
-        stacks=tuple(stacks),
-    )
 
 
 def pool_shares(nodes: list[HotThreadsNode], *, usage_kind: str = "cpu") -> list[PoolShare]:
