@@ -3,13 +3,11 @@
 One scheduler coroutine walks the schedule's intended send times, waits for each with a precise
 timer (:mod:`diagnoser.probe.timer`) and starts the request as its own task; it never waits for a
 response. Requests go through httpx's transport API (``httpx.Request`` in, ``httpx.Response``
-out) over an aiohttp transport: httpx's default transport costs 1.5-2 ms of CPU per request and
-collapses near 600-1,000 req/s on one core, the aiohttp one holds several thousand. The full
+out) over the probe's own HTTP/1.1 transport (:mod:`diagnoser.probe.http1`), which also times
+each request's phases; its keep-alive pool is sized from Little's law so that no request has to
+wait for a connection, and a request that does is counted as a pool wait. The full
 ``httpx.AsyncClient`` layer (auth, redirects, cookies) is skipped on purpose: a probe wants none
-of it and it triples the CPU per request. A socket factory times each new connection's TCP
-connect, aiohttp's tracing adds the end of the TLS handshake, and a context variable ties each
-hook to its request; a request sent while every pooled connection is busy is counted as a pool
-wait (the pool is sized from Little's law so that should not happen).
+of it and it costs more CPU than the request itself.
 
 Per request the probe records, in microseconds: latency from the intended send time (no
 coordinated omission), service time from the actual send, schedule lag (actual minus intended),
@@ -28,32 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
+import functools
 import gc
 import math
 import os
 import random
-import socket
-import ssl
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
-import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from diagnoser.config import ProbeSettings
+from diagnoser.probe.http1 import Http1Transport, IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec
 from diagnoser.probe.timer import PreciseTimer, make_timer
 from diagnoser.probe.validate import check_response, parse_json_path
 
-__all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "aiohttp_transport"]
+__all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "probe_transport"]
 
 USER_AGENT = "diagnoser-probe/0.1"
 #: The reason a run stopped by :meth:`ProbeRun.stop` without one (Ctrl-C).
@@ -66,61 +58,6 @@ _TICK_S = 0.1
 #: With the automatic collector paused, collect the young generations once this many tracked
 #: objects have accumulated (cyclic garbage from failures, or growth): a few ms, rarely.
 _GC_BUDGET_OBJECTS = 100_000
-
-
-@dataclass(slots=True)
-class _RequestTiming:
-    """Timestamps the tracing hooks fill in for the request running in the current task."""
-
-    connect_start: float = 0.0
-    tcp_end: float = 0.0
-    connect_end: float = 0.0
-
-
-_current_timing: contextvars.ContextVar[_RequestTiming | None] = contextvars.ContextVar(
-    "diagnoser_probe_timing", default=None
-)
-
-
-class _TimedSocket(socket.socket):
-    """A socket that notes when its TCP connect completed, to split TCP from the TLS handshake."""
-
-    timing: _RequestTiming | None = None
-
-    def connect(self, address: Any) -> None:
-        super().connect(address)
-        if self.timing is not None:
-            self.timing.tcp_end = time.monotonic()
-
-    def getsockopt(self, *args: Any) -> Any:
-        value = super().getsockopt(*args)
-        # The event loop asks SO_ERROR once the non-blocking connect finished.
-        timing = self.timing
-        if args[:2] == (socket.SOL_SOCKET, socket.SO_ERROR) and value == 0 and timing and not timing.tcp_end:
-            timing.tcp_end = time.monotonic()
-        return value
-
-
-def _timed_socket(addr_info: Any) -> socket.socket:
-    family, type_, proto, _, _ = addr_info
-    sock = _TimedSocket(family=family, type=type_, proto=proto)
-    timing = _current_timing.get()
-    if timing is not None:
-        timing.connect_start = time.monotonic()
-        sock.timing = timing
-    return sock
-
-
-async def _on_connection_ready(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    timing = _current_timing.get()
-    if timing is not None:
-        timing.connect_end = time.monotonic()
-
-
-def _tls_trace_config() -> aiohttp.TraceConfig:
-    config = aiohttp.TraceConfig()
-    config.on_connection_create_end.append(_on_connection_ready)
-    return config
 
 
 @dataclass
@@ -145,7 +82,6 @@ class ProbeRun:
         spec: ProbeSpec,
         settings: ProbeSettings,
         *,
-        transport_factory: Callable[[ProbeSpec, int], httpx.AsyncBaseTransport] | None = None,
         precise_timer: bool = True,
         pause_gc: bool = True,
         base_dir: Path | None = None,
@@ -159,7 +95,6 @@ class ProbeRun:
         needed = math.ceil(spec.peak_rate * self.timeout_s)
         self.pool_size = spec.max_connections or max(16, min(10000, needed))
         self.recorder = ProbeRecorder()
-        self._transport_factory = transport_factory or aiohttp_transport
         self._precise_timer = precise_timer
         self._pause_gc = pause_gc
         self._bodies = spec.request_bodies(base_dir)
@@ -167,9 +102,10 @@ class ProbeRun:
         self._stop = asyncio.Event()
         self._abort_reason: str | None = None
         #: In-flight requests and their deadlines; finished ones leave at once (no GC pressure).
-        self._in_flight: dict[asyncio.Task[None], float] = {}
-        self._timed_out: set[asyncio.Task[None]] = set()
-        self._transport: httpx.AsyncBaseTransport | None = None
+        #: Ordered by send time, hence by deadline (one timeout for every request).
+        self._in_flight: dict[asyncio.Future[RawResponse], float] = {}
+        self._timed_out: set[asyncio.Future[RawResponse]] = set()
+        self._transport: Http1Transport | None = None
         self._timer: PreciseTimer | None = None
         self._start = 0.0
         self._end: float | None = None
@@ -196,9 +132,7 @@ class ProbeRun:
         now = time.monotonic()
         elapsed = max(0.0, (self._end or now) - self._start) if self._start else 0.0
         rec = self.recorder
-        recent = rec.recent
-        p99 = recent.get_value_at_percentile(99) / 1000.0 if recent.get_total_count() else None
-        recent.reset()
+        p99 = rec.recent_p99_ms()
         return LiveStats(
             elapsed_s=elapsed,
             planned_s=self.spec.duration_s,
@@ -213,10 +147,10 @@ class ProbeRun:
     # -- the run ------------------------------------------------------------------------------
 
     async def run(self) -> ProbeResult:
-        transport = self._transport_factory(self.spec, self.pool_size)
+        transport = probe_transport(self.spec, self.pool_size)
         self._transport = transport
         requests = [self._build_request(body) for body in self._bodies]
-        timer = make_timer(precise=self._precise_timer)
+        timer = make_timer(precise=self._precise_timer, spin_s=self.settings.timer_spin_us / 1e6)
         self._timer = timer
         watchdog: asyncio.Task[None] | None = None
         paused_gc = False
@@ -241,8 +175,8 @@ class ProbeRun:
             if watchdog is not None:
                 watchdog.cancel()
             leftovers = list(self._in_flight)
-            for task in leftovers:
-                task.cancel()
+            for pending in leftovers:
+                pending.cancel()
             if leftovers:
                 await asyncio.gather(*leftovers, return_exceptions=True)
             await transport.aclose()
@@ -256,38 +190,126 @@ class ProbeRun:
         return httpx.Request(self.spec.method, self.spec.target, headers=headers, content=body)
 
     async def _send_all(self, requests: list[httpx.Request], timer: PreciseTimer) -> None:
-        loop = asyncio.get_running_loop()
+        """Send every request of the schedule on time; returns at the end of the planned duration.
+
+        The sending runs in the timer's callback (see :mod:`diagnoser.probe.timer`): each call
+        sends whatever is due, then arms the timer for the next intended send time.
+        """
         spec = self.spec
-        rng = random.Random(spec.seed)
-        end = self._start + spec.duration_s
+        start = self._start
+        end = start + spec.duration_s
         count = len(requests)
         stop = self._stop
-        in_flight = self._in_flight
-        timeout = self.timeout_s
-        pool_size = self.pool_size
-        recorder = self.recorder
-        offsets = arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, rng)
-        for index, offset in enumerate(offsets):
-            intended = self._start + offset
-            if intended > time.monotonic():
-                await timer.wait_until(intended)
-            if stop.is_set():
-                return
-            if len(in_flight) >= pool_size:
-                # Every connection is busy: this request will queue for one inside the client.
-                recorder.pool_waits += 1
-            task = loop.create_task(self._one(requests[index % count], intended))
-            recorder.sent += 1
-            in_flight[task] = intended + timeout
-            task.add_done_callback(self._forget)
+        dispatch = self._dispatch
+        offsets = iter(
+            arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, random.Random(spec.seed))
+        )
+        sent_all: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        index = 0
+        intended = start + next(offsets, math.inf)
+
+        def send_due() -> None:
+            nonlocal index, intended
+            try:
+                while not stop.is_set() and intended != math.inf:
+                    if intended > time.monotonic():
+                        timer.call_at(intended, send_due)
+                        return
+                    dispatch(requests[index % count], intended)
+                    index += 1
+                    intended = start + next(offsets, math.inf)
+            except BaseException as exc:  # a bug here must end the run, not hang it
+                if not sent_all.done():
+                    sent_all.set_exception(exc)
+                raise
+            if not sent_all.done():
+                sent_all.set_result(None)
+
+        send_due()
+        await sent_all
         # Hold the schedule's full duration, so the achieved rate is per planned second.
         if end > time.monotonic() and not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), end - time.monotonic())
 
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.pop(task, None)
-        self._timed_out.discard(task)
+    def _dispatch(self, request: httpx.Request, intended: float) -> None:
+        """Send one request now; its answer is handled by :meth:`_answered` when it completes.
+
+        No task per request: on a pooled connection the request is written before this returns,
+        so the send time is the scheduler's own, and the answer arrives as a future's callback.
+        """
+        transport = self._transport
+        assert transport is not None
+        timings = RequestTimings()
+        started = time.monotonic()
+        self.recorder.sent += 1
+        try:
+            pending = transport.start(request, timings)
+        except httpx.HTTPError as exc:
+            pending = asyncio.get_running_loop().create_future()
+            pending.set_exception(exc)
+        self._in_flight[pending] = intended + self.timeout_s
+        pending.add_done_callback(functools.partial(self._answered, intended, started, timings))
+
+    def _answered(
+        self, intended: float, started: float, timings: RequestTimings, pending: asyncio.Future[RawResponse]
+    ) -> None:
+        self._in_flight.pop(pending, None)
+        timed_out = pending in self._timed_out
+        if timed_out:
+            self._timed_out.discard(pending)
+        elif pending.cancelled():
+            return  # the run ended with it in flight: not an answer
+        received: RawResponse | None = None
+        failure: str | None = None
+        error: str | None = None
+        exc = None if timed_out else pending.exception()
+        if timed_out:
+            failure = "timeout"
+            error = f"no complete response within {self.timeout_s:g} s"
+        elif exc is None:
+            received = pending.result()
+        elif isinstance(exc, IncompleteBody):
+            # Fewer bytes than announced: what the user got is a cut-off answer.
+            received = exc.partial
+            failure = "truncated"
+            error = str(exc)
+        else:
+            failure = "connect_error" if isinstance(exc, httpx.ConnectError) else "read_error"
+            error = _describe_error(exc)
+        # The last byte as the connection saw it, not when this callback got its turn.
+        done_at = timings.done or time.monotonic()
+        length = content_length = None
+        if received is not None:
+            length = received.header(b"content-length")
+            content_length = int(length) if length is not None and length.isdigit() else None
+            if failure is None:
+                if received.cut:
+                    failure = "too_large"
+                else:
+                    content_type = received.header(b"content-type")
+                    failure = check_response(
+                        self.spec.expect,
+                        self._json_path,
+                        status=received.status,
+                        content_type=content_type.decode("latin-1") if content_type else None,
+                        content_length=content_length,
+                        body=received.body,
+                        method=self.spec.method,
+                    )
+        status = received.status if received is not None else None
+        self._record(timings, intended, started, done_at, status, failure, timed_out)
+        if failure is not None and self.recorder.wants_example(failure):
+            self.recorder.sample(
+                ResponseExample(
+                    kind=failure,
+                    status=status,
+                    body=received.body.decode("utf-8", "replace") if received is not None else None,
+                    content_length=content_length,
+                    received_bytes=len(received.body) if received is not None else None,
+                    error=error,
+                )
+            )
 
     async def _drain(self) -> None:
         if not self._in_flight:
@@ -301,16 +323,22 @@ class ProbeRun:
         """Every tick: time out overdue requests, advance the abort window, stop on too many errors.
 
         One sweep per tick instead of a timer per request: a request's timeout is honoured to
-        within a tick, and the per-request cost stays a dictionary entry.
+        within a tick, and the per-request cost stays a dictionary entry. The sweep stops at the
+        first request not yet due.
         """
         slots = len(self._window_done)
         while True:
             await asyncio.sleep(_TICK_S)
             now = time.monotonic()
-            for task, deadline in list(self._in_flight.items()):
-                if deadline <= now and task not in self._timed_out:
-                    self._timed_out.add(task)
-                    task.cancel()
+            overdue = []
+            for pending, deadline in self._in_flight.items():
+                if deadline > now:
+                    break  # in send order, so every later one is due later
+                if pending not in self._timed_out:
+                    overdue.append(pending)
+            for pending in overdue:
+                self._timed_out.add(pending)
+                pending.cancel()
             done = sum(self._window_done)
             bad = sum(self._window_bad)
             if done >= self._abort_min and bad / done > self.abort_ratio and not self._stop.is_set():
@@ -324,92 +352,36 @@ class ProbeRun:
             self._window_done[self._window_slot] = 0
             self._window_bad[self._window_slot] = 0
 
-    async def _one(self, request: httpx.Request, intended: float) -> None:
-        sent_at = time.monotonic()
-        timing = _RequestTiming()
-        _current_timing.set(timing)
-        status: int | None = None
-        failure: str | None = None
-        headers_at: float | None = None
-        chunks: list[bytes] = []
-        size = 0
-        content_length: int | None = None
-        content_type: str | None = None
-        error: str | None = None
-        timed_out = False
-        expect = self.spec.expect
-        transport = self._transport
-        assert transport is not None
-        try:
-            response = await transport.handle_async_request(request)
-            headers_at = time.monotonic()
-            try:
-                status = response.status_code
-                content_type = response.headers.get("content-type")
-                length_header = response.headers.get("content-length")
-                content_length = int(length_header) if length_header and length_header.isdigit() else None
-                try:
-                    async for chunk in response.aiter_raw():
-                        chunks.append(chunk)
-                        size += len(chunk)
-                        if size > expect.max_body_bytes:
-                            failure = "too_large"
-                            break
-                except httpx.HTTPError as exc:
-                    # Fewer bytes than Content-Length announced: the body was cut off.
-                    error = _describe_error(exc)
-                    cut_off = content_length is not None and size < content_length
-                    failure = "truncated" if cut_off else "read_error"
-            finally:
-                await response.aclose()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task not in self._timed_out:
-                raise
-            timed_out = True
-            failure = "timeout"
-            error = f"no complete response within {self.timeout_s:g} s"
-        except httpx.HTTPError as exc:
-            failure = _classify(exc)
-            error = _describe_error(exc)
-        except (aiohttp.ClientError, OSError, ssl.SSLError) as exc:
-            connect = isinstance(exc, aiohttp.ClientConnectorError | OSError)
-            failure = "connect_error" if connect else "read_error"
-            error = _describe_error(exc)
-        done_at = time.monotonic()
-        body = b"".join(chunks)
-        if failure is None and status is not None:
-            failure = check_response(
-                expect,
-                self._json_path,
-                status=status,
-                content_type=content_type,
-                content_length=content_length,
-                body=body,
-                method=self.spec.method,
-            )
+    def _record(
+        self,
+        timings: RequestTimings,
+        intended: float,
+        started: float,
+        done_at: float,
+        status: int | None,
+        failure: str | None,
+        timed_out: bool,
+    ) -> None:
         connect_s = tls_s = None
-        if timing.connect_start:
-            connect_end = timing.connect_end or timing.tcp_end
-            if timing.connect_end and timing.tcp_end:
-                connect_s = timing.tcp_end - timing.connect_start
-                tls_s = timing.connect_end - timing.tcp_end
-            elif connect_end:
-                connect_s = connect_end - timing.connect_start
-        ready_at = max(sent_at, timing.connect_end, timing.tcp_end)
-        self.recorder.record(
+        if timings.connect_start and timings.tcp_end:
+            connect_s = timings.tcp_end - timings.connect_start
+            if timings.tls_end:
+                tls_s = timings.tls_end - timings.tcp_end
+        recorder = self.recorder
+        if timings.pool_wait:
+            recorder.pool_waits += 1
+        # Waiting: from the request on the wire to its first byte back (or to the timeout).
+        first_byte = timings.first_byte or (done_at if timed_out else 0.0)
+        recorder.record(
             # A partial (truncated) answer and a timeout are what the user got: their latency counts.
             latency_s=(done_at - intended) if (status is not None or timed_out) else None,
-            service_s=done_at - sent_at,
-            lag_s=sent_at - intended,
-            opened_connection=bool(timing.connect_start),
+            service_s=done_at - started,
+            lag_s=started - intended,
+            opened_connection=bool(timings.connect_start),
             connect_s=connect_s,
             tls_s=tls_s,
-            # A request that timed out before its first byte spent the whole wait "waiting".
-            ttfb_s=(headers_at if headers_at is not None else done_at) - ready_at
-            if headers_at is not None or timed_out
-            else None,
-            body_s=(done_at - headers_at) if headers_at is not None else None,
+            ttfb_s=(first_byte - timings.sent) if first_byte and timings.sent else None,
+            body_s=(done_at - timings.first_byte) if timings.first_byte and status is not None else None,
             status=status,
             failure=failure,
         )
@@ -417,17 +389,6 @@ class ProbeRun:
         self._window_done[slot] += 1
         if failure in _OVERLOAD_FAILURES:
             self._window_bad[slot] += 1
-        if failure is not None and self.recorder.wants_example(failure):
-            self.recorder.sample(
-                ResponseExample(
-                    kind=failure,
-                    status=status,
-                    body=body.decode("utf-8", "replace") if status is not None else None,
-                    content_length=content_length,
-                    received_bytes=len(body) if status is not None else None,
-                    error=error,
-                )
-            )
 
     def _result(self) -> ProbeResult:
         end = self._end or time.monotonic()
@@ -466,45 +427,8 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text}"[:300]
 
 
-def _classify(exc: httpx.HTTPError) -> str:
-    """httpx-aiohttp maps several aiohttp errors onto one httpx type; the cause tells them apart."""
-    cause = exc.__cause__
-    if isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
-        return "connect_error"
-    if isinstance(cause, aiohttp.ServerTimeoutError) or (
-        isinstance(exc, httpx.TimeoutException) and cause is None
-    ):
-        return "timeout"
-    if isinstance(cause, aiohttp.ClientPayloadError):
-        return "truncated"
-    return "read_error"
-
-
-def aiohttp_transport(spec: ProbeSpec, pool_size: int) -> httpx.AsyncBaseTransport:
-    """httpx's transport API over an aiohttp connection pool of ``pool_size`` connections.
-
-    A socket factory notes when each new connection's TCP connect starts and ends (cheap, no
-    per-request cost); for https, aiohttp's tracing adds the end of the TLS handshake. Tracing is
-    left off for plain http because it costs every request several coroutine calls.
-    """
-    https = spec.target.startswith("https:")
-    ssl_context: ssl.SSLContext | bool = True
-    if https:
-        ssl_context = ssl.create_default_context()
-        if not spec.verify_tls:
-            ssl_context.check_hostname = False
-            ssl_context.verify_mode = ssl.CERT_NONE
-    connector = aiohttp.TCPConnector(
-        limit=pool_size,
-        limit_per_host=pool_size,
-        ssl=ssl_context,
-        socket_factory=_timed_socket,
-        keepalive_timeout=30,
+def probe_transport(spec: ProbeSpec, pool_size: int) -> Http1Transport:
+    """The probe's transport: ``pool_size`` keep-alive connections, bodies read up to the cap."""
+    return Http1Transport(
+        max_connections=pool_size, body_limit=spec.expect.max_body_bytes, verify_tls=spec.verify_tls
     )
-    session = aiohttp.ClientSession(
-        connector=connector,
-        trace_configs=[_tls_trace_config()] if https else None,
-        auto_decompress=False,
-        skip_auto_headers=("Accept-Encoding",),
-    )
-    return AiohttpTransport(client=session)

@@ -1,18 +1,26 @@
-"""Precise waits for the open-loop scheduler.
+"""Precise wake-ups for the open-loop scheduler.
 
-``asyncio.sleep`` rounds its timeout to whole milliseconds and so wakes a request up to 1 ms
-after its intended send time; at 1,000 req/s and above that lag is the measurement error. On
-Linux a ``timerfd`` armed with an absolute ``CLOCK_MONOTONIC`` deadline (the clock the event
-loop uses) becomes readable at the deadline itself, and the loop wakes on it through epoll
-like on any socket. Elsewhere, :class:`SleepTimer` falls back to ``asyncio.sleep``.
+``asyncio.sleep`` and ``loop.call_at`` round their timeout to whole milliseconds and so fire up
+to 1 ms after the intended send time; at 1,000 req/s and above that lag is the measurement
+error. On Linux a ``timerfd`` armed with an absolute ``CLOCK_MONOTONIC`` deadline (the clock the
+event loop uses) becomes readable at the deadline itself, and the loop wakes on it through epoll
+like on any socket. Elsewhere, :class:`CallAtTimer` falls back to ``loop.call_at``.
+
+The timers call a plain callback from the event loop's I/O phase, ahead of the callbacks
+queued for its next turn (answers being validated and recorded): a coroutine woken through a
+future would wait behind all of those, and under a burst of answers that wait is the lag.
+
+On a virtual machine an idle vCPU halts and can take a millisecond or more to be woken, so
+``spin_s`` arms the timer that much early and covers the last stretch by turning the event loop
+(``call_soon``: I/O still runs) instead of idling. It costs CPU, about ``rate x spin_s`` of a
+core, and never more than half of each wait.
 
 Usage::
 
-    timer = make_timer()
-    try:
-        await timer.wait_until(loop.time() + 0.0005)
-    finally:
-        timer.close()
+    timer = make_timer(spin_s=0.0002)
+    timer.call_at(time.monotonic() + 0.0005, send_next)    # one pending call at a time
+    ...
+    timer.close()
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ import ctypes.util
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["PreciseTimer", "SleepTimer", "TimerfdTimer", "make_timer"]
+__all__ = ["CallAtTimer", "PreciseTimer", "TimerfdTimer", "make_timer"]
 
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK = os.O_NONBLOCK
@@ -34,12 +43,13 @@ _TFD_TIMER_ABSTIME = 1
 
 
 class PreciseTimer(Protocol):
-    """Something that wakes the current task at an absolute ``time.monotonic()`` instant."""
+    """Calls one callback at an absolute ``time.monotonic()`` instant."""
 
-    async def wait_until(self, deadline: float) -> None: ...
+    def call_at(self, deadline: float, callback: Callable[[], None]) -> None:
+        """Call ``callback`` at ``deadline`` (soon, if it has passed), replacing any pending call."""
 
     def interrupt(self) -> None:
-        """Wake the current wait now (a stop must not wait for a far-off send time)."""
+        """Call the pending callback now (a stop must not wait for a far-off send time)."""
 
     def close(self) -> None: ...
 
@@ -69,18 +79,58 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-class TimerfdTimer:
-    """A one-shot timerfd re-armed for each wait; the event loop watches its descriptor."""
+class _SpinningTimer:
+    """What both timers share: the pending callback, the early wake-up and the spin to the deadline."""
 
-    def __init__(self, libc: ctypes.CDLL, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, spin_s: float) -> None:
+        self._loop = loop
+        self._spin_s = spin_s
+        self._callback: Callable[[], None] | None = None
+        self._deadline = 0.0
+
+    def call_at(self, deadline: float, callback: Callable[[], None]) -> None:
+        self._callback = callback
+        self._deadline = deadline
+        now = time.monotonic()
+        # Spin at most half the wait, so that at high rates the loop still idles half the gap.
+        wake = deadline - min(self._spin_s, (deadline - now) / 2)
+        if wake <= now:
+            self._loop.call_soon(self._spin)
+        else:
+            self._arm(wake)
+
+    def interrupt(self) -> None:
+        self._disarm()
+        self._deadline = 0.0
+        self._loop.call_soon(self._spin)
+
+    def _spin(self) -> None:
+        if self._callback is None:
+            return
+        if time.monotonic() < self._deadline:
+            self._loop.call_soon(self._spin)
+            return
+        callback, self._callback = self._callback, None
+        callback()
+
+    def _arm(self, wake: float) -> None:
+        raise NotImplementedError
+
+    def _disarm(self) -> None:
+        raise NotImplementedError
+
+
+class TimerfdTimer(_SpinningTimer):
+    """A one-shot timerfd re-armed for each call; the event loop watches its descriptor."""
+
+    def __init__(self, libc: ctypes.CDLL, loop: asyncio.AbstractEventLoop, spin_s: float = 0.0) -> None:
+        super().__init__(loop, spin_s)
         fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self._libc = libc
         self._fd: int = fd
-        self._loop = loop
-        self._waiter: asyncio.Future[None] | None = None
         self._spec = _Itimerspec()
         loop.add_reader(fd, self._on_expired)
 
@@ -89,75 +139,59 @@ class TimerfdTimer:
             os.read(self._fd, 8)
         except BlockingIOError:
             return
-        self._on_expired_now()
+        self._spin()
 
-    async def wait_until(self, deadline: float) -> None:
-        if deadline <= time.monotonic():
-            return
-        seconds = int(deadline)
+    def _arm(self, wake: float) -> None:
+        seconds = int(wake)
         self._spec.it_value.tv_sec = seconds
         # A zero it_value disarms the timer; one nanosecond keeps it armed.
-        self._spec.it_value.tv_nsec = max(1, int((deadline - seconds) * 1e9))
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiter = waiter
+        self._spec.it_value.tv_nsec = max(1, int((wake - seconds) * 1e9))
         if self._libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) != 0:
-            self._waiter = None
-            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            return
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+            self._loop.call_at(self._loop.time() + max(0.0, wake - time.monotonic()), self._spin)
 
-    def interrupt(self) -> None:
-        self._on_expired_now()
-
-    def _on_expired_now(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    def _disarm(self) -> None:
+        if self._fd >= 0:
+            self._spec.it_value.tv_sec = 0
+            self._spec.it_value.tv_nsec = 0
+            self._libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None)
 
     def close(self) -> None:
+        self._callback = None
         if self._fd >= 0:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
             self._fd = -1
 
 
-class SleepTimer:
-    """The portable fallback: ``asyncio.sleep`` (wakes up to 1 ms late)."""
+class CallAtTimer(_SpinningTimer):
+    """The portable fallback: ``loop.call_at`` (fires up to 1 ms late)."""
 
-    def __init__(self) -> None:
-        self._sleeper: asyncio.Task[None] | None = None
+    def __init__(self, loop: asyncio.AbstractEventLoop, spin_s: float = 0.0) -> None:
+        super().__init__(loop, spin_s)
+        self._handle: asyncio.TimerHandle | None = None
 
-    async def wait_until(self, deadline: float) -> None:
-        delay = deadline - time.monotonic()
-        if delay <= 0:
-            return
-        self._sleeper = asyncio.ensure_future(asyncio.sleep(delay))
-        try:
-            await self._sleeper
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # our caller was cancelled, not just the sleep interrupted
-        finally:
-            self._sleeper = None
+    def _arm(self, wake: float) -> None:
+        self._disarm()
+        # loop.time() is time.monotonic() on the standard loops and uvloop; convert to be sure.
+        self._handle = self._loop.call_at(self._loop.time() + (wake - time.monotonic()), self._spin)
 
-    def interrupt(self) -> None:
-        if self._sleeper is not None:
-            self._sleeper.cancel()
+    def _disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
     def close(self) -> None:
-        return None
+        self._callback = None
+        self._disarm()
 
 
-def make_timer(*, precise: bool = True) -> PreciseTimer:
-    """A timerfd timer on Linux when ``precise``, else the ``asyncio.sleep`` fallback."""
+def make_timer(*, precise: bool = True, spin_s: float = 0.0) -> PreciseTimer:
+    """A timerfd timer on Linux when ``precise``, else the ``loop.call_at`` fallback."""
+    loop = asyncio.get_running_loop()
     libc = _libc() if precise else None
     if libc is not None:
         try:
-            return TimerfdTimer(libc, asyncio.get_running_loop())
+            return TimerfdTimer(libc, loop, spin_s)
         except (OSError, NotImplementedError):
             pass
-    return SleepTimer()
+    return CallAtTimer(loop, spin_s)

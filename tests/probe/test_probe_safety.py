@@ -122,18 +122,28 @@ async def test_stop_does_not_wait_for_a_far_off_send_time(server: DelayServer) -
     assert result.aborted
 
 
-async def test_both_timers_can_be_interrupted() -> None:
+async def test_both_timers_can_be_interrupted_and_fire_on_time() -> None:
     import asyncio
 
-    from diagnoser.probe.timer import SleepTimer, TimerfdTimer, make_timer
+    from diagnoser.probe.timer import CallAtTimer, TimerfdTimer, make_timer
 
-    for timer in (make_timer(precise=True), make_timer(precise=False)):
-        assert isinstance(timer, TimerfdTimer | SleepTimer)
-        waiting = asyncio.create_task(timer.wait_until(time.monotonic() + 30))
+    for precise, spin_s in ((True, 0.0), (True, 0.0005), (False, 0.0)):
+        timer = make_timer(precise=precise, spin_s=spin_s)
+        assert isinstance(timer, TimerfdTimer if precise else CallAtTimer)
+        fired = asyncio.Event()
+        timer.call_at(time.monotonic() + 30, fired.set)
         await asyncio.sleep(0.01)
         timer.interrupt()
-        await asyncio.wait_for(waiting, 1)
+        await asyncio.wait_for(fired.wait(), 1)
+        fired.clear()
         deadline = time.monotonic() + 0.005
-        await timer.wait_until(deadline)
-        assert time.monotonic() >= deadline
+        fired_at: list[float] = []
+
+        def note(fired_at: list[float] = fired_at, fired: asyncio.Event = fired) -> None:
+            fired_at.append(time.monotonic())
+            fired.set()
+
+        timer.call_at(deadline, note)
+        await asyncio.wait_for(fired.wait(), 1)
+        assert fired_at[0] >= deadline
         timer.close()
