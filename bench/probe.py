@@ -2,18 +2,20 @@
 
 Runs the delay server (tests/probe/delay_server.py) pinned to CPU 0, and on CPU 1, one tool at
 a time: the probe (on uvloop, as ``diagnose probe`` runs it, and on the default asyncio loop, as
-``diagnose now --probe`` runs it), a bare aiohttp open loop (no httpx layer, no validation, no
-phases: the floor of what Python does on this machine), Debian's ``wrk`` (closed-loop, paced
-with a Lua ``delay``) and ``hey -q`` (rate-limited workers). For each rate it prints achieved
-rate, p50 and p99 of every tool beside the server's own service time (the physical reference:
-nothing can measure less), and for the probe its schedule lag and CPU use. The sweep climbs
-until the probe saturates (median lag over 2 ms or the rate not met, twice in a row); lag p99
-is the goals' measure (under 2 ms: it kept its schedule). A second table repeats a 1 s server
-stall at 100 req/s and adds a closed-loop client (one connection, back to back), whose p99
-hides it.
+``diagnose now --probe`` runs it), a plain open loop on aiohttp's client (uvloop, the same
+timer, no validation, no phases: the usual way to write this in Python, for comparison),
+Debian's ``wrk`` (closed-loop, paced with a Lua ``delay``) and ``hey -q`` (rate-limited
+workers). For each rate it prints achieved rate, p50 and p99 of every tool beside the server's
+own service time (the physical reference: nothing can measure less), and for the probe its
+schedule lag and CPU use, as medians of ``--repeat`` runs (single runs on a VM move with the
+host's scheduling). The sweep climbs until the probe saturates (median lag over 2 ms or the rate
+not met, twice in a row); lag p99 is the goals' measure (under 2 ms: it kept its schedule). A
+second table repeats a 1 s server stall at 100 req/s and adds a closed-loop client (one
+connection, back to back), whose p99 hides it.
 
-    .venv/bin/python bench/probe.py                       # the full sweep (a few minutes)
-    .venv/bin/python bench/probe.py --rates 100,1000 --duration 5 --skip-stall
+    .venv/bin/python bench/probe.py                       # the full sweep (several minutes)
+    .venv/bin/python bench/probe.py --rates 100,1000 --duration 5 --repeat 1 --skip-stall
+    .venv/bin/python bench/probe.py --spin-us 0           # without the probe's timer spin (config)
 
 All traffic goes to 127.0.0.1, each run is bounded by its duration.
 """
@@ -84,7 +86,10 @@ def child_probe(url: str, rate: float, duration: float, loop: str) -> None:
     from diagnoser.probe import ProbeRun, spec_from_url
 
     spec = spec_from_url(url, rate=rate, duration_s=duration)
-    run = ProbeRun(spec, ProbeSettings(max_rate=100_000, max_duration_s=3600, abort_error_ratio=1.0))
+    settings = ProbeSettings(max_rate=100_000, max_duration_s=3600, abort_error_ratio=1.0)
+    if "BENCH_SPIN_US" in os.environ:
+        settings = settings.model_copy(update={"timer_spin_us": float(os.environ["BENCH_SPIN_US"])})
+    run = ProbeRun(spec, settings)
 
     async def main() -> dict[str, Any]:
         cpu_before = time.process_time()
@@ -105,8 +110,8 @@ def child_probe(url: str, rate: float, duration: float, loop: str) -> None:
 
 
 def child_bare(url: str, rate: float, duration: float) -> None:
-    """A bare open loop on aiohttp + uvloop with the same timer: no httpx layer, no validation,
-    no phases. Not a product: the floor of what Python does here, to size the probe's overhead."""
+    """A plain open loop on aiohttp's client + uvloop with the probe's timer: no validation, no
+    phases. Not a product: the usual way to write this in Python, to compare the probe with."""
     import aiohttp
     import uvloop
     from hdrh.histogram import HdrHistogram
@@ -128,12 +133,18 @@ def child_bare(url: str, rate: float, duration: float) -> None:
 
             timer = make_timer()
             loop = asyncio.get_running_loop()
+
+            async def wait_until(deadline: float) -> None:
+                due: asyncio.Future[None] = loop.create_future()
+                timer.call_at(deadline, lambda: due.set_result(None))
+                await due
+
             cpu_before = time.process_time()
             start = time.monotonic() + 0.02
             for i in range(count):
                 intended = start + i / rate
                 if intended > time.monotonic():
-                    await timer.wait_until(intended)
+                    await wait_until(intended)
                 task = loop.create_task(one(intended))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
@@ -249,8 +260,35 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _median(values: list[float | None]) -> float | None:
+    present = sorted(v for v in values if v is not None)
+    return present[len(present) // 2] if present else None
+
+
+def _probe_figures(out: dict[str, Any], own: dict[str, Any]) -> dict[str, float | None]:
+    result = out["result"]
+    p50 = result["latency_ms"]["p50"]
+    return {
+        "rate": result["achieved_rate"],
+        "p50": p50,
+        "p99": result["latency_ms"]["p99"],
+        "lag50": result["schedule_lag_ms"]["p50"],
+        "lag99": result["schedule_lag_ms"]["p99"],
+        "cpu_pct": 100 * out["cpu_s"] / out["wall_s"],
+        "server_p50": own["p50_ms"],
+        "server_p99": own["p99_ms"],
+        "p50_gap": p50 - own["p50_ms"] if p50 is not None and own["p50_ms"] is not None else None,
+    }
+
+
 def sweep(
-    server: Server, rates: list[float], duration: float, delay_ms: float, loops: list[str], cpu: int
+    server: Server,
+    rates: list[float],
+    duration: float,
+    delay_ms: float,
+    loops: list[str],
+    cpu: int,
+    repeat: int,
 ) -> None:
     url = f"{server.url}/delay?ms={delay_ms:g}"
     header = (
@@ -259,11 +297,15 @@ def sweep(
             f"{'probe/' + loop:>16} {'rate':>7} {'p50':>7} {'p99':>7} {'lag50':>6} {'lag99':>6} {'cpu%':>5}"
             for loop in loops
         )
-        + f" | {'bare rate':>9} {'p50':>7} {'lag99':>6} {'cpu%':>5}"
+        + f" | {'aiohttp':>9} {'p50':>7} {'lag99':>6} {'cpu%':>5}"
         + f" | {'wrk rate':>8} {'p50':>7} {'p99':>7} | {'hey rate':>8} {'p50':>7} {'p99':>7}"
     )  # fmt: skip
+    from diagnoser.config import ProbeSettings
+
+    spin = os.environ.get("BENCH_SPIN_US", f"{ProbeSettings().timer_spin_us:g}")
     print(
-        f"\nOpen-loop sweep: server delays {delay_ms:g} ms; latencies in ms; probe on CPU {cpu}, one core\n"
+        f"\nOpen-loop sweep: server delays {delay_ms:g} ms; latencies in ms; probe on CPU {cpu}, one core; "
+        f"probe figures are medians of {repeat} runs; timer spin {spin} us\n"
     )
     print(header)
     print("-" * len(header))
@@ -277,23 +319,23 @@ def sweep(
             if misses[loop] >= 2:
                 cells.append(f"{'(saturated)':>16} {'':>7} {'':>7} {'':>7} {'':>6} {'':>6} {'':>5}")
                 continue
-            server.reset()
-            out = run_child(cpu, "probe", url, str(rate), str(duration), loop, timeout=duration + 60)
-            own = server.stats()
+            runs = []
+            for _ in range(repeat):
+                server.reset()
+                out = run_child(cpu, "probe", url, str(rate), str(duration), loop, timeout=duration + 60)
+                runs.append(_probe_figures(out, server.stats()))
+            # Each figure is the median over the repeats: a VM's scheduling noise moves single runs.
+            fig = {key: _median([run[key] for run in runs]) for key in runs[0]}
             if server_cells is None:
-                server_cells = f"{_f(own['p50_ms']):>10} {_f(own['p99_ms']):>7}"
-            result = out["result"]
-            lag99 = result["schedule_lag_ms"]["p99"]
-            cpu_pct = 100 * out["cpu_s"] / out["wall_s"]
-            p50_gap = result["latency_ms"]["p50"] - own["p50_ms"] if own["p50_ms"] is not None else None
+                server_cells = f"{_f(fig['server_p50']):>10} {_f(fig['server_p99']):>7}"
             cells.append(
-                f"{'p50 +' + _f(p50_gap) + ' ms':>16} {result['achieved_rate']:>7.0f} "
-                f"{_f(result['latency_ms']['p50']):>7} {_f(result['latency_ms']['p99']):>7} "
-                f"{_f(result['schedule_lag_ms']['p50']):>6} {_f(lag99):>6} {cpu_pct:>5.0f}"
+                f"{'p50 +' + _f(fig['p50_gap']) + ' ms':>16} {fig['rate']:>7.0f} "
+                f"{_f(fig['p50']):>7} {_f(fig['p99']):>7} "
+                f"{_f(fig['lag50']):>6} {_f(fig['lag99']):>6} {fig['cpu_pct']:>5.0f}"
             )
             # Saturation, not a noisy neighbour: the median request leaves late or the rate is not met.
-            lag50 = result["schedule_lag_ms"]["p50"]
-            saturated = lag50 is None or lag50 > LAG_LIMIT_MS or result["achieved_rate"] < 0.95 * rate
+            lag50 = fig["lag50"]
+            saturated = lag50 is None or lag50 > LAG_LIMIT_MS or fig["rate"] < 0.95 * rate
             misses[loop] = misses[loop] + 1 if saturated else 0
         bare_cells = f"{'(saturated)':>30}"
         if bare_misses < 2:
@@ -383,6 +425,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--delay-ms", type=float, default=10.0)
     parser.add_argument("--loops", default="uvloop,asyncio", help="event loops to run the probe on")
+    parser.add_argument("--repeat", type=int, default=3, help="probe runs per rate (medians are shown)")
+    parser.add_argument(
+        "--spin-us", type=float, default=None, help="the probe's timer_spin_us (default: the config's)"
+    )
     parser.add_argument("--skip-stall", action="store_true")
     parser.add_argument("--skip-sweep", action="store_true")
     args = parser.parse_args()
@@ -392,7 +438,10 @@ def main() -> None:
         print(f"cpus: {os.cpu_count()}, load average before: {os.getloadavg()[0]:.2f}")
         if not args.skip_sweep:
             rates = [float(r) for r in args.rates.split(",")]
-            sweep(server, rates, args.duration, args.delay_ms, args.loops.split(","), client_cpu)
+            if args.spin_us is not None:
+                os.environ["BENCH_SPIN_US"] = f"{args.spin_us:g}"
+            loops = args.loops.split(",")
+            sweep(server, rates, args.duration, args.delay_ms, loops, client_cpu, max(1, args.repeat))
         if not args.skip_stall:
             stall(server, 10.0, 20.0, client_cpu)
         print(f"\nload average after: {os.getloadavg()[0]:.2f}; max RSS of this script "
