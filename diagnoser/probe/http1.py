@@ -92,6 +92,9 @@ class RawResponse:
     body: bytes
     #: Reading stopped at the body limit; the connection was closed.
     cut: bool
+    #: The announced Content-Length and the Content-Type, as the parser met them.
+    content_length: int | None = None
+    content_type: bytes | None = None
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of a header (``name`` in lower case)."""
@@ -122,6 +125,7 @@ class _Connection(asyncio.Protocol):
         self._size = 0
         self._headers_done = False
         self._content_length: int | None = None
+        self._content_type: bytes | None = None
         self._chunked = False
 
     # -- the exchange ---------------------------------------------------------------------------
@@ -143,6 +147,7 @@ class _Connection(asyncio.Protocol):
         self._size = 0
         self._headers_done = False
         self._content_length = None
+        self._content_type = None
         self._chunked = False
         timings.sent = time.monotonic()
         self._transport.write(raw)
@@ -172,7 +177,7 @@ class _Connection(asyncio.Protocol):
     def _finish(self, *, cut: bool = False) -> None:
         waiter, self._waiter = self._waiter, None
         self._timings.done = time.monotonic()
-        answer = RawResponse(self._parser.get_status_code(), self._headers, b"".join(self._chunks), cut)
+        answer = self._answer(cut)
         self._headers = []
         self._chunks = []
         if cut or not self._parser.should_keep_alive():
@@ -182,6 +187,16 @@ class _Connection(asyncio.Protocol):
             self._pool.release(self)
         if waiter is not None and not waiter.done():
             waiter.set_result(answer)
+
+    def _answer(self, cut: bool) -> RawResponse:
+        return RawResponse(
+            self._parser.get_status_code(),
+            self._headers,
+            b"".join(self._chunks),
+            cut,
+            self._content_length,
+            self._content_type,
+        )
 
     def _fail(self, exc: BaseException) -> None:
         waiter, self._waiter = self._waiter, None
@@ -226,7 +241,7 @@ class _Connection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(f"server closed the connection without a response{reason}"))
             return
         expected = f"{self._content_length} announced" if self._content_length is not None else "chunked"
-        answer = RawResponse(self._parser.get_status_code(), self._headers, b"".join(self._chunks), False)
+        answer = self._answer(cut=False)
         self._timings.done = time.monotonic()
         message = f"server closed the connection after {self._size} body bytes ({expected}){reason}"
         self._fail(IncompleteBody(message, answer))
@@ -244,6 +259,8 @@ class _Connection(asyncio.Protocol):
         lower = name.lower()
         if lower == b"content-length":
             self._content_length = int(value) if value.strip().isdigit() else None
+        elif lower == b"content-type":
+            self._content_type = value
         elif lower == b"transfer-encoding" and b"chunked" in value.lower():
             self._chunked = True
 

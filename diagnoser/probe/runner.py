@@ -279,24 +279,20 @@ class ProbeRun:
             error = _describe_error(exc)
         # The last byte as the connection saw it, not when this callback got its turn.
         done_at = timings.done or time.monotonic()
-        length = content_length = None
-        if received is not None:
-            length = received.header(b"content-length")
-            content_length = int(length) if length is not None and length.isdigit() else None
-            if failure is None:
-                if received.cut:
-                    failure = "too_large"
-                else:
-                    content_type = received.header(b"content-type")
-                    failure = check_response(
-                        self.spec.expect,
-                        self._json_path,
-                        status=received.status,
-                        content_type=content_type.decode("latin-1") if content_type else None,
-                        content_length=content_length,
-                        body=received.body,
-                        method=self.spec.method,
-                    )
+        if received is not None and failure is None:
+            if received.cut:
+                failure = "too_large"
+            else:
+                content_type = received.content_type
+                failure = check_response(
+                    self.spec.expect,
+                    self._json_path,
+                    status=received.status,
+                    content_type=content_type.decode("latin-1") if content_type else None,
+                    content_length=received.content_length,
+                    body=received.body,
+                    method=self.spec.method,
+                )
         status = received.status if received is not None else None
         self._record(timings, intended, started, done_at, status, failure, timed_out)
         if failure is not None and self.recorder.wants_example(failure):
@@ -305,7 +301,7 @@ class ProbeRun:
                     kind=failure,
                     status=status,
                     body=received.body.decode("utf-8", "replace") if received is not None else None,
-                    content_length=content_length,
+                    content_length=received.content_length if received is not None else None,
                     received_bytes=len(received.body) if received is not None else None,
                     error=error,
                 )
@@ -420,7 +416,7 @@ def _mean_rate(spec: ProbeSpec) -> float:
 def _describe_error(exc: BaseException) -> str:
     cause = exc.__cause__ or exc
     text = str(cause) or type(cause).__name__
-    errno = getattr(getattr(cause, "os_error", None), "errno", None) or getattr(cause, "errno", None)
+    errno = getattr(cause, "errno", None)
     if isinstance(errno, int) and errno > 0:
         # "Connect call failed" says nothing; the errno says refused, unreachable, reset...
         text = f"{text} ({os.strerror(errno)})"
