@@ -33,12 +33,14 @@ closes its connection: the late answer must not reach the next request.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import ssl
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import httptools
 import httpx
@@ -46,6 +48,7 @@ import httpx
 __all__ = ["Http1Transport", "IncompleteBody", "RawResponse", "RequestTimings"]
 
 _Headers = list[tuple[bytes, bytes]]
+_AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]
 
 #: Idle connections older than this are closed rather than reused (httpx's default is 5 s).
 KEEPALIVE_EXPIRY_S = 4.0
@@ -55,7 +58,8 @@ KEEPALIVE_EXPIRY_S = 4.0
 class RequestTimings:
     """When each phase of one request happened (``time.monotonic()``; 0.0 = did not happen)."""
 
-    #: A new connection was opened for this request: TCP connect started / finished.
+    #: A new connection was opened for this request: connecting (name resolution included)
+    #: started / the TCP connect finished.
     connect_start: float = 0.0
     tcp_end: float = 0.0
     #: The TLS handshake on that new connection finished (https only).
@@ -401,19 +405,32 @@ class _Pool:
                 waiter.set_result(None)
                 return
 
-    async def _connect(self, timings: RequestTimings) -> _Connection:
-        loop = self.loop
+    async def _addresses(self) -> Sequence[_AddrInfo]:
+        """Where to connect: an IP literal as it is, a name through the resolver."""
         try:
-            addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            ip = ipaddress.ip_address(self.host)
+        except ValueError:
+            pass
+        else:
+            # No resolver call: it runs in a thread pool, a hop that costs milliseconds under load.
+            family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+            return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.host, self.port))]
+        try:
+            return await self.loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise httpx.ConnectError(f"cannot resolve {self.host}: {exc}") from exc
+
+    async def _connect(self, timings: RequestTimings) -> _Connection:
+        loop = self.loop
+        # The connect phase counts from here: name resolution and every address tried.
+        timings.connect_start = time.monotonic()
+        addresses = await self._addresses()
         last: OSError | None = None
         for family, kind, proto, _, address in addresses:
             sock = socket.socket(family, kind, proto)
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                timings.connect_start = time.monotonic()
                 await loop.sock_connect(sock, address)
                 timings.tcp_end = time.monotonic()
             except OSError as exc:
@@ -521,6 +538,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._pools.clear()
         # Let the closed transports run their connection_lost callbacks.
         await asyncio.sleep(0)
+
+    def prepare(self, url: str | httpx.URL) -> None:
+        """Set up the pool for ``url`` now, TLS context included (loading the system's CA
+        certificates takes tens of milliseconds), so that cost does not land on a measured request."""
+        self._pool_for(httpx.URL(url))
 
     def _pool_for(self, url: httpx.URL) -> _Pool:
         scheme = url.scheme

@@ -148,6 +148,7 @@ class ProbeRun:
 
     async def run(self) -> ProbeResult:
         transport = probe_transport(self.spec, self.pool_size)
+        transport.prepare(self.spec.target)
         self._transport = transport
         requests = [self._build_request(body) for body in self._bodies]
         timer = make_timer(precise=self._precise_timer, spin_s=self.settings.timer_spin_us / 1e6)
