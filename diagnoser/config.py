@@ -26,6 +26,7 @@ Example file::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,15 @@ class Settings(BaseSettings):
     deadline_s: float = Field(default=30.0, gt=0)
     #: Labels added to every report (cluster name, environment).
     context_labels: dict[str, str] = Field(default_factory=dict)
+    #: The range rules average and rate over (``${window}`` in their queries), a PromQL duration.
+    window: str = "5m"
+
+    @field_validator("window")
+    @classmethod
+    def _promql_duration(cls, value: str) -> str:
+        if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", value):
+            raise ValueError(f"{value!r} is not a PromQL duration like 30s or 5m")
+        return value
 
     @field_validator("runbook_base_url")
     @classmethod

@@ -219,7 +219,13 @@ def _finding(
 ) -> Finding:
     primary = max(primary_rows, key=lambda r: r.value if r.value is not None else float("-inf"))
     values: dict[str, Any] = {f"params.{k}": v for k, v in params.items()}
-    values.update({"slo.p99_ms": settings.slo.p99_ms, "slo.error_ratio": settings.slo.error_ratio})
+    values.update(
+        {
+            "slo.p99_ms": settings.slo.p99_ms,
+            "slo.error_ratio": settings.slo.error_ratio,
+            "window": settings.window,
+        }
+    )
     values.update(primary.labels)
     values.update(labels)
     values.update(

@@ -143,6 +143,7 @@ class Rule:
             slo_error_ratio=settings.slo.error_ratio,
             signals=settings.signals if signals is None else signals,
             params=self.params_for(settings),
+            window=settings.window,
         )
 
 

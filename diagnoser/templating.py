@@ -61,13 +61,23 @@ def _as_text(value: Any) -> str:
 
 
 def variables_for(
-    *, slo_p99_ms: float, slo_error_ratio: float, signals: Mapping[str, str], params: Mapping[str, Any]
+    *,
+    slo_p99_ms: float,
+    slo_error_ratio: float,
+    signals: Mapping[str, str],
+    params: Mapping[str, Any],
+    window: str = "5m",
 ) -> dict[str, Any]:
-    """The flat placeholder namespace a rule sees."""
+    """The flat placeholder namespace a rule sees.
+
+    ``window`` is the range rules average and rate over (``avg_over_time(x[${window}])``): 5m
+    for a diagnosis of the present, the length of one load step for ``diagnose capacity``.
+    """
     variables: dict[str, Any] = {
         "slo.p99_ms": slo_p99_ms,
         "slo.p99_seconds": slo_p99_ms / 1000.0,
         "slo.error_ratio": slo_error_ratio,
+        "window": window,
     }
     variables.update({f"signals.{name}": metric for name, metric in signals.items()})
     variables.update({f"params.{name}": value for name, value in params.items()})
