@@ -78,7 +78,10 @@ def _settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
 def _rules(settings: Settings, extra_dirs: list[Path] | None = None) -> RuleSet:
     if extra_dirs:
         settings = settings.model_copy(update={"rule_dirs": [*settings.rule_dirs, *extra_dirs]})
-    ruleset = load_ruleset(settings)
+    try:
+        ruleset = load_ruleset(settings)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
     for problem in ruleset.problems:
         stderr.print("[yellow]rule error:[/yellow] ", end="")
         stderr.print(str(problem), markup=False, highlight=False, soft_wrap=True)

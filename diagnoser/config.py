@@ -196,6 +196,8 @@ class Settings(BaseSettings):
     metrics: dict[str, str] = Field(default_factory=dict)
     #: Application signals rules refer to as ``${signals.NAME}``, e.g. ``queue_length``.
     signals: dict[str, str] = Field(default_factory=dict)
+    #: More signal catalogue files or directories (conventions of your own), read after the shipped ones.
+    signal_files: list[Path] = Field(default_factory=list)
     #: Per-rule parameter overrides: ``rule id -> {param: value}``.
     rule_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL

@@ -32,7 +32,7 @@ from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.sources import Sources
 from diagnoser.templating import MissingVariable, format_text
 
-__all__ = ["RuleOutcome", "attach_source_errors", "diagnose", "evaluate_rule", "rank_findings"]
+__all__ = ["RuleOutcome", "attach_source_errors", "diagnose", "evaluate_rule", "rank_findings", "subject_of"]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ async def diagnose(
                 )
             else:
                 outcomes.append(task.result())
-    findings = [f for outcome in outcomes for f in outcome.findings]
+    findings = _without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
     errors = _collapse_errors([e for outcome in outcomes for e in outcome.errors])
     findings.extend(_unavailable_findings(errors, settings))
     return Diagnosis(
@@ -177,6 +177,39 @@ async def _evaluate(
         emitted += 1
 
 
+def _without_yielding(findings: list[Finding], rules: Sequence[Rule]) -> list[Finding]:
+    """Drop a finding whose rule yields to another rule that found the same thing (same labels)."""
+    yields = {rule.id: set(rule.yields_to) for rule in rules if rule.yields_to}
+    if not yields:
+        return findings
+    kept = []
+    for finding in findings:
+        stronger = yields.get(finding.rule_id, set())
+        if any(
+            other.rule_id in stronger and _agrees(_identity(finding), _identity(other)) for other in findings
+        ):
+            continue
+        kept.append(finding)
+    return kept
+
+
+def _identity(finding: Finding) -> dict[str, str]:
+    return {k: v for k, v in finding.labels.items() if k not in ("job",)}
+
+
+def subject_of(labels: Mapping[str, str]) -> str:
+    """How a report names what a finding is about: ``namespace/service``, or what the labels allow.
+
+    Series scraped outside Kubernetes have no namespace, some have no service or job: the
+    summary still reads naturally instead of printing a placeholder.
+    """
+    service = labels.get("service") or labels.get("job")
+    namespace = labels.get("namespace")
+    if service:
+        return f"{namespace}/{service}" if namespace else service
+    return labels.get("instance") or labels.get("pool") or labels.get("pod") or "an unlabelled series"
+
+
 def _resolve(rule: Rule, condition: Condition, variables: Mapping[str, Any]) -> Any:
     try:
         return resolve_condition(condition.kind, condition.raw_params, variables)
@@ -228,6 +261,8 @@ def _finding(
     )
     values.update(primary.labels)
     values.update(labels)
+    values["subject"] = subject_of({**primary.labels, **labels})
+    notes = list(dict.fromkeys(r.caveat for r in primary_rows if r.caveat))
     values.update(
         value=primary.value, threshold=primary.threshold, detail=primary.detail, count=len(primary_rows)
     )
@@ -238,19 +273,24 @@ def _finding(
             finite = [r.value for r in rows if r.value is not None]
             values[condition.name] = max(finite) if finite else None
             values[f"{condition.name}_count"] = len(rows)
-    notes: list[str] = []
+            if rows and rows[0].detail:
+                values[f"{condition.name}_detail"] = rows[0].detail
+        notes.extend(r.caveat for r in rows[:1] if r.caveat and r.caveat not in notes)
+    if notes:
+        values["caveats"] = " Note: " + "; ".join(notes) + "."
+    problems: list[str] = []
     for name, expression in rule.compute.items():
         try:
             values[name] = evaluate_expression(expression, values)
         except ExpressionError as exc:
             values[name] = None
-            notes.append(f"{name} not computed: {exc}")
+            problems.append(f"{name} not computed: {exc}")
     evidence = primary_rows[:MAX_EVIDENCE_PER_CONDITION] + [
         row for _, rows in others for row in rows[:MAX_EVIDENCE_PER_CONDITION]
     ]
     recommendation = format_text(rule.recommendation, values)
-    if notes:
-        recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(notes) + ")"
+    if problems:
+        recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(problems) + ")"
     return Finding(
         rule_id=rule.id,
         cause=rule.cause,
@@ -352,4 +392,5 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
 
 
 def _service(finding: Finding) -> tuple[str, str]:
-    return finding.labels.get("namespace", ""), finding.labels.get("job", "")
+    labels = finding.labels
+    return labels.get("namespace", ""), labels.get("service") or labels.get("job", "")

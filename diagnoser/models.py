@@ -94,6 +94,16 @@ class Evidence(BaseModel):
     value: float | None = None
     threshold: float | None = None
     detail: str | None = None
+    #: For a signal, the naming convention whose series answered (``go-redis-redisotel``).
+    convention: str | None = None
+    #: What a reader must know about this measurement (``use time includes the wait``).
+    caveat: str | None = None
+
+    @property
+    def annotation(self) -> str:
+        """Detail, convention and caveat in one line for renderers ("" when there are none)."""
+        parts = [self.detail or "", f"via {self.convention}" if self.convention else "", self.caveat or ""]
+        return "; ".join(part for part in parts if part)
 
     @field_serializer("value", "threshold")
     def _json_safe(self, value: float | None) -> float | None:

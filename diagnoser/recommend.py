@@ -7,6 +7,7 @@ A rule computes values in its ``compute`` block from the named values of its evi
 
 Expressions allow numbers, names, ``+ - * / // % **``, comparisons, ``a if c else b`` and the
 functions below; nothing else (no attribute access, no calls to arbitrary Python).
+``coalesce(a, b, ...)`` is the first argument that has a value (a missing measurement is skipped).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "pool_size_for": pool_size_for,
     "replicas_for": replicas_for,
     "shard_count_for": shard_count_for,
+    "coalesce": lambda *args: next(a for a in args if a is not None),
 }
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
@@ -176,6 +178,14 @@ def _evaluate(node: ast.expr, values: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.IfExp):
         test = _evaluate(node.test, values)
         return _evaluate(node.body, values) if test else _evaluate(node.orelse, values)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "coalesce":
+        # The first argument that has a value: a hold time measured by the pool, else the server's.
+        for arg in node.args:
+            try:
+                return _evaluate(arg, values)
+            except ExpressionError:
+                continue
+        raise ExpressionError("coalesce: none of its arguments has a value")
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         args = [_evaluate(arg, values) for arg in node.args]
         try:

@@ -1,7 +1,7 @@
 """Rule files: schema, validation and loading.
 
 A rule is one YAML file; its id is its path below the rule directory without the extension
-(``rules/pools/otel-pool-exhaustion.yaml`` is ``pools/otel-pool-exhaustion``) and its runbook
+(``rules/pools/pool-exhaustion.yaml`` is ``pools/pool-exhaustion``) and its runbook
 is the Markdown file beside it. Loading validates everything up front and gathers every
 problem with its file, rule id and field, so one bad file never hides or stops the others::
 
@@ -63,6 +63,9 @@ class _RuleFile(BaseModel):
     #: Labels that identify one finding; ``None`` means every row of the first condition is one.
     group_by: list[str] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    #: Rules whose finding for the same labels makes this one redundant (a generic rule yields to
+    #: the specific one that measured what this one infers).
+    yields_to: list[str] = Field(default_factory=list)
 
     @field_validator("explains")
     @classmethod
@@ -119,6 +122,7 @@ class Rule:
     group_by: tuple[str, ...] | None
     labels: Mapping[str, str]
     runbook_path: Path | None
+    yields_to: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:
@@ -268,6 +272,7 @@ def load_rule_file(path: Path, rule_id: str) -> Rule:
         group_by=tuple(spec.group_by) if spec.group_by is not None else None,
         labels=spec.labels,
         runbook_path=runbook if runbook.exists() else None,
+        yields_to=tuple(spec.yields_to),
     )
 
 

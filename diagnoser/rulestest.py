@@ -12,12 +12,12 @@ A test file looks like a promtool rule test, with findings instead of alerts::
             values: '10x40'
         finding_tests:
           - eval_time: 15m
-            rule: pools/hikaricp-pool-exhaustion
+            rule: pools/pool-exhaustion
             exp_findings:
               - exp_labels: {pool: orders}
                 exp_summary_contains: "10/10"
           - eval_time: 15m
-            rule: pools/otel-pool-exhaustion
+            rule: pools/pool-exhaustion
             exp_findings: []                          # must stay silent
 
 ``rule: "*"`` with ``exp_findings: []`` asserts that no rule reports anything at warning or above.
@@ -45,6 +45,7 @@ from diagnoser.local_prometheus import LocalPrometheus
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.ruleset import Rule, RuleSet, load_rules
 from diagnoser.series_notation import NotationError, SeriesSpec, expand_values, parse_series, to_openmetrics
+from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
@@ -223,6 +224,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rules_for(path: Path, spec: RuleTestFile, settings: Settings) -> RuleSet:
+    use_signal_files(settings.signal_files)
     if not spec.rule_files:
         return load_rules(settings.rule_dirs, include_builtin=not settings.disable_builtin_rules)
     files = [(path.parent / name).resolve() for name in spec.rule_files]

@@ -18,6 +18,7 @@ from diagnoser.config import Settings
 from diagnoser.engine import diagnose
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.ruleset import RuleSet, load_rules
+from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
@@ -49,7 +50,12 @@ class BuiltSources:
 
 
 def load_ruleset(settings: Settings) -> RuleSet:
-    """The built-in pack (unless disabled) plus the configured rule directories."""
+    """The built-in pack (unless disabled) plus the configured rule directories.
+
+    The signal catalogue (shipped plus ``signal_files``) is chosen first, so rules naming
+    signals are checked against it; a bad catalogue file raises :class:`ConfigError`.
+    """
+    use_signal_files(settings.signal_files)
     return load_rules(settings.rule_dirs, include_builtin=not settings.disable_builtin_rules)
 
 

@@ -6,8 +6,9 @@ Two small languages, both deliberately tiny:
   params before the check kind validates them. A value that is exactly one placeholder keeps the
   placeholder's type (a float stays a float); inside a longer string it is formatted as text.
 * ``{name:.1f}`` format fields in a rule's title, summary and recommendation, filled from the
-  finding's labels and named values. A missing field renders as ``?`` instead of failing: a
-  report with one hole beats no report.
+  finding's labels and named values. A missing value renders as ``unknown`` instead of failing
+  (a report with one hole beats no report), and a missing ``..._detail`` or ``caveats`` field as
+  nothing: they are optional remarks.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MissingVariable", "format_text", "resolve_placeholders", "variables_for"]
+__all__ = ["MISSING_TEXT", "MissingVariable", "format_text", "resolve_placeholders", "variables_for"]
 
 _PLACEHOLDER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-/]*)\s*\}")
 
@@ -87,20 +88,23 @@ def variables_for(
 class _LenientFormatter(string.Formatter):
     def get_value(self, key: int | str, args: Any, kwargs: Mapping[str, Any]) -> Any:
         if isinstance(key, str):
-            if key in kwargs:
+            if key in kwargs and kwargs[key] is not None:
                 return kwargs[key]
-            return _Missing()
+            return _Missing(optional=_is_optional(key))
         return super().get_value(key, args, kwargs)
 
     def get_field(self, field_name: str, args: Any, kwargs: Mapping[str, Any]) -> Any:
         # Dotted names (``params.headroom``) are flat keys here, not attribute access.
         if field_name in kwargs:
-            return kwargs[field_name], field_name
+            value = kwargs[field_name]
+            return (value if value is not None else _Missing(optional=_is_optional(field_name))), field_name
         return super().get_field(field_name, args, kwargs)
 
     def format_field(self, value: Any, format_spec: str) -> str:
-        if isinstance(value, _Missing) or value is None:
-            return "?"
+        if isinstance(value, _Missing):
+            return value.text
+        if value is None:
+            return MISSING_TEXT
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
             return str(value)
         try:
@@ -109,16 +113,27 @@ class _LenientFormatter(string.Formatter):
             return str(value)
 
 
+#: What a value that was not measured (or a label a series lacks) reads as in a report.
+MISSING_TEXT = "unknown"
+
+
+def _is_optional(name: str) -> bool:
+    return name.endswith("_detail") or name == "caveats"
+
+
 class _Missing:
+    def __init__(self, *, optional: bool = False) -> None:
+        self.text = "" if optional else MISSING_TEXT
+
     def __format__(self, spec: str) -> str:
-        return "?"
+        return self.text
 
 
 _FORMATTER = _LenientFormatter()
 
 
 def format_text(template: str, values: Mapping[str, Any]) -> str:
-    """Fill ``template``'s ``{field:spec}`` from ``values``; unknown fields render as ``?``."""
+    """Fill ``template``'s ``{field:spec}`` from ``values``; missing fields render as ``unknown``."""
     try:
         return _FORMATTER.vformat(template, (), values)
     except (ValueError, IndexError, KeyError, AttributeError):

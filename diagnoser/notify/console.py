@@ -67,7 +67,7 @@ def _measured(finding: Finding, verbose: bool) -> Text:
             if row.threshold is not None:
                 measured += f" vs {row.threshold:.4g}"
         where = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
-        line = " ".join(part for part in (f"[{row.source}]", where, measured, row.detail or "") if part)
+        line = " ".join(part for part in (f"[{row.source}]", where, measured, row.annotation) if part)
         text.append("\n" + line, style="dim")
     return text
 

@@ -45,7 +45,7 @@ def _finding(index: int, finding: Finding) -> list[str]:
             value = "" if row.value is None else f"{row.value:.4g}"
             threshold = "" if row.threshold is None else f"{row.threshold:.4g}"
             lines.append(
-                f"| {row.source} | {_cell(labels)} | {value} | {threshold} | {_cell(row.detail or '')} |"
+                f"| {row.source} | {_cell(labels)} | {value} | {threshold} | {_cell(row.annotation)} |"
             )
         lines.append("")
     return lines

@@ -109,8 +109,8 @@ def _evidence_line(row: Evidence) -> str:
         parts.append(f"= {_number(row.value)}")
     if row.threshold is not None:
         parts.append(f"(threshold {_number(row.threshold)})")
-    if row.detail:
-        parts.append(row.detail)
+    if row.annotation:
+        parts.append(row.annotation)
     return _escape("• " + " ".join(parts))
 
 

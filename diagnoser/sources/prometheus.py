@@ -16,6 +16,7 @@ import json
 import math
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -63,6 +64,9 @@ class PrometheusSource:
     _client: PrometheusConnect = field(init=False, repr=False)
     _executor: ThreadPoolExecutor = field(init=False, repr=False)
     _shared: OrderedDict[tuple[str, float, float], asyncio.Future[list[Sample] | SourceError]] = field(
+        init=False, repr=False, default_factory=OrderedDict
+    )
+    _names: OrderedDict[tuple[str, float, float], asyncio.Future[set[str] | SourceError]] = field(
         init=False, repr=False, default_factory=OrderedDict
     )
 
@@ -146,12 +150,61 @@ class PrometheusSource:
         except TimeoutError:
             return self._error(f"no answer within {timeout:g}s from {self.url}")
 
+    async def metric_names(self, at: datetime, lookback_s: float = 300.0) -> set[str] | SourceError:
+        """Every metric name with a sample between ``at - lookback_s`` and ``at``: one call, shared.
+
+        The signal layer asks it once per evaluation instant to learn which naming conventions
+        the Prometheus holds.
+        """
+        key = (f"__name__ values over {lookback_s:g}s", at.timestamp(), self.settings.query_timeout_s)
+        shared = self._names.get(key)
+        if shared is None or shared.get_loop() is not asyncio.get_running_loop():
+            loop = asyncio.get_running_loop()
+            timeout = self.settings.query_timeout_s
+
+            async def fetch() -> set[str] | SourceError:
+                try:
+                    return await asyncio.wait_for(
+                        loop.run_in_executor(self._executor, self._names_blocking, at, lookback_s, timeout),
+                        timeout=timeout + 1.0,
+                    )
+                except TimeoutError:
+                    return self._error(f"no answer within {timeout:g}s from {self.url}")
+
+            shared = asyncio.ensure_future(fetch())
+            self._names[key] = shared
+            while len(self._names) > 16:
+                self._names.popitem(last=False)
+        return await asyncio.shield(shared)
+
+    def _names_blocking(self, at: datetime, lookback_s: float, timeout: float) -> set[str] | SourceError:
+        params = {"start": f"{at.timestamp() - lookback_s:.3f}", "end": f"{at.timestamp():.3f}"}
+        result = self._call(lambda: self._client.get_label_values("__name__", params=params), timeout, "")
+        if isinstance(result, SourceError):
+            return result
+        if not isinstance(result, list):
+            return self._error(f"unexpected label values from {self.url}: {type(result).__name__}")
+        return {str(name) for name in result}
+
     def _query_blocking(self, query: str, at: datetime, timeout: float) -> list[Sample] | SourceError:
         params = {"time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
+        result = self._call(
+            lambda: self._client.custom_query(query, params=params, timeout=timeout), timeout, query
+        )
+        if isinstance(result, SourceError):
+            return result
         try:
-            result: Any = self._client.custom_query(query, params=params, timeout=timeout)
+            return _samples_from(result)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            return self._error(f"unexpected result shape from {self.url}: {exc}")
+
+    def _call(self, request: Callable[[], Any], timeout: float, query: str) -> Any:
+        """Run one blocking client call; any failure comes back as a SourceError."""
+        try:
+            return request()
         except PrometheusApiClientException as exc:
-            return self._error(f"{_api_error_message(str(exc))}: {_short(query)}")
+            where = f": {_short(query)}" if query else ""
+            return self._error(f"{_api_error_message(str(exc))}{where}")
         except requests.JSONDecodeError as exc:
             # 200 with a body that is not JSON: a login page, a proxy's error page, the wrong port.
             return self._error(f"{self.url} did not answer like a Prometheus API (not JSON: {exc.msg})")
@@ -166,10 +219,6 @@ class PrometheusSource:
             return self._error(
                 f"{self.url} did not answer like a Prometheus API ({type(exc).__name__}: {exc})"
             )
-        try:
-            return _samples_from(result)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            return self._error(f"unexpected result shape from {self.url}: {exc}")
 
     def _error(self, message: str) -> SourceError:
         return SourceError(source=SOURCE, message=message)

@@ -30,7 +30,7 @@ AT = datetime(2026, 11, 29, 20, 15, 0, tzinfo=UTC)
 
 def pool_finding(severity: Severity = Severity.critical) -> Finding:
     return Finding(
-        rule_id="pools/otel-pool-exhaustion",
+        rule_id="pools/pool-exhaustion",
         cause="connection_pool_exhaustion",
         kind="cause",
         severity=severity,
@@ -46,7 +46,7 @@ def pool_finding(severity: Severity = Severity.critical) -> Finding:
         ],
         recommendation="Raise the pool from 10 to 50 connections per instance (Little's law: 200 uses/s x 0.050s "
                        "held, plus 30.0 waiting, x 1.25)",
-        runbook_url="https://github.com/diagnoser/diagnoser/blob/main/rules/pools/otel-pool-exhaustion.md",
+        runbook_url="https://github.com/diagnoser/diagnoser/blob/main/rules/pools/pool-exhaustion.md",
         labels={"cluster": "prod-eu-1", "namespace": "shop", "job": "checkout",
                 "db_client_connection_pool_name": "orders-db"},
     )

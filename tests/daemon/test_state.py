@@ -14,7 +14,7 @@ AT = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
 
 def finding(pool: str = "orders-db", severity: str = "critical", value: float = 0.97, source: str = "prometheus",
-            rule_id: str = "pools/otel-pool-exhaustion") -> Finding:
+            rule_id: str = "pools/pool-exhaustion") -> Finding:
     return Finding(
         rule_id=rule_id,
         cause="connection_pool_exhaustion",

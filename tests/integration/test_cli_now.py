@@ -27,12 +27,13 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     assert set(first) == CONTRACT_FINDING_KEYS
     assert first["cause"] == "connection_pool_exhaustion"
     assert first["kind"] == "cause"
-    assert first["labels"]["db_client_connection_pool_name"] == "orders-db"
+    assert first["labels"]["pool"] == "orders-db"
     assert "from 10 to 50 connections" in first["recommendation"]
-    assert first["runbook_url"].endswith("rules/pools/otel-pool-exhaustion.md")
+    assert first["runbook_url"].endswith("rules/pools/pool-exhaustion.md")
     evidence = first["evidence"][0]
-    assert set(evidence) == {"source", "query", "labels", "value", "threshold", "detail"}
+    assert set(evidence) == {"source", "query", "labels", "value", "threshold", "detail", "convention", "caveat"}
     assert evidence["source"] == "prometheus"
+    assert evidence["convention"] == "otel-semconv"
     assert evidence["value"] == 1.0
     assert evidence["threshold"] == 0.95
     causes = [f["cause"] for f in report["findings"]]
@@ -65,7 +66,7 @@ def test_table_and_markdown_show_cause_numbers_and_runbook(incident_prometheus: 
     assert table.code == 1
     assert "connection_pool_exhaustion" in table.stdout
     assert "from 10 to 50" in table.stdout
-    assert "pools/otel-pool-exhaustion.md" in table.stdout.replace("\n", "").replace(" ", "")
+    assert "pools/pool-exhaustion.md" in table.stdout.replace("\n", "").replace(" ", "")
     markdown = run_cli(*args, "--format", "markdown")
     assert markdown.stdout.startswith("# Diagnosis at ")
     assert "## 1. CRITICAL: `connection_pool_exhaustion`" in markdown.stdout
@@ -79,7 +80,7 @@ def test_unix_seconds_for_at(incident_prometheus: IncidentPrometheus) -> None:
 
 def test_config_file_and_environment(incident_prometheus: IncidentPrometheus, tmp_path: Path) -> None:
     config = tmp_path / "diagnoser.yaml"
-    config.write_text("slo: {p99_ms: 250}\nrule_params:\n  pools/otel-pool-exhaustion: {headroom: 1.5}\n")
+    config.write_text("slo: {p99_ms: 250}\nrule_params:\n  pools/pool-exhaustion: {headroom: 1.5}\n")
     result = run_cli(
         "now", "--config", str(config), "--at", incident_prometheus.at("35m"), "--format", "json",
         env={"DIAGNOSER_PROMETHEUS__URL": incident_prometheus.url},
@@ -122,7 +123,7 @@ def test_rules_list_json() -> None:
     assert result.code == 0, result.stderr
     rows = json.loads(result.stdout)
     ids = {row["id"] for row in rows}
-    assert {"pools/otel-pool-exhaustion", "http/latency-slo-breach", "kubernetes/memory-leak"} <= ids
+    assert {"pools/pool-exhaustion", "http/latency-slo-breach", "kubernetes/memory-leak"} <= ids
 
 
 def test_rules_test_command_passes_and_fails(tmp_path: Path) -> None:

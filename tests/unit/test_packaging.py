@@ -21,7 +21,7 @@ def test_wheel_ships_rules_runbooks_and_probes(tmp_path: Path) -> None:
         p.relative_to(REPO / "rules").as_posix() for p in (REPO / "rules").rglob("*") if p.is_file()
     }
     assert {f"diagnoser/_data/rules/{name}" for name in shipped_rules} <= names
-    assert "diagnoser/_data/rules/pools/otel-pool-exhaustion.md" in names
+    assert "diagnoser/_data/rules/pools/pool-exhaustion.md" in names
     assert any(n.startswith("diagnoser/_data/probes/") for n in names)
     assert "diagnoser/py.typed" in names
 

@@ -70,9 +70,9 @@ def test_unset_signal_is_not_a_load_error(tmp_path: Path) -> None:
 
 
 def test_user_rule_replaces_builtin_with_same_id(tmp_path: Path) -> None:
-    write(tmp_path, "pools/otel-pool-exhaustion.yaml", GOOD.replace("title: t", "title: mine"))
+    write(tmp_path, "pools/pool-exhaustion.yaml", GOOD.replace("title: t", "title: mine"))
     ruleset = load_rules([tmp_path])
-    assert ruleset.rules["pools/otel-pool-exhaustion"].title == "mine"
+    assert ruleset.rules["pools/pool-exhaustion"].title == "mine"
     assert "http/latency-slo-breach" in ruleset.rules
 
 

@@ -1,0 +1,156 @@
+"""The ``signal`` check kind: PromQL over named signals, answered by whichever conventions exist.
+
+::
+
+    - signal:
+        query: |
+          max by (namespace, service, pool) (avg_over_time({{pool.used}}[${window}]))
+          / max by (namespace, service, pool) (avg_over_time({{pool.max}}[${window}]))
+        op: ">="
+        threshold: 0.95
+    - signal:
+        any_of:                       # holds when any of these holds for the same labels
+          - max by (namespace, service, pool) (avg_over_time({{pool.pending}}[${window}]))
+          - sum by (namespace, service, pool) (rate({{pool.timeouts_total}}[${window}]))
+        op: ">"
+        threshold: 0
+
+Before its first query the check asks Prometheus once (shared by every rule at that instant)
+which metric names exist, instantiates the query for each convention present
+(:func:`diagnoser.signals.expansions`), and maps the answers back to normalised labels
+(``service``, ``pool``, ``namespace``, ``instance``...). When two conventions (or two
+alternatives) answer for the same labels, the first in catalogue order wins, so one pool gives one
+row. Each evidence row names the convention that answered and any caveat of its metrics. When no
+convention is present, the check does not hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.comparison import Comparison, compare
+from diagnoser.models import Evidence, SourceError
+from diagnoser.signals import Expansion, expansions, load_catalogue, normalise_labels, validate_template
+from diagnoser.signals.catalogue import active_catalogue
+from diagnoser.sources.prometheus import PrometheusSource
+
+__all__ = ["SignalParams", "signal_check", "templates_of"]
+
+SOURCE = "prometheus"
+#: Metric names are looked up over at least this long before the instant evaluated.
+MIN_NAMES_LOOKBACK_S = 300.0
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+class Alternative(BaseModel):
+    """One query of ``any_of``, with what its value measures (shown as the evidence's detail)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str
+    what: str | None = None
+
+    @field_validator("query")
+    @classmethod
+    def _query_signals(cls, value: str) -> str:
+        validate_template(value, active_catalogue())
+        return value
+
+
+class SignalParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str | None = None
+    any_of: list[Alternative] | None = None
+    op: Comparison | None = None
+    threshold: float | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("query")
+    @classmethod
+    def _query_signals(cls, value: str | None) -> str | None:
+        if value is not None:
+            validate_template(value, active_catalogue())
+        return value
+
+    @field_validator("any_of", mode="before")
+    @classmethod
+    def _alternatives(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("any_of needs at least one query")
+            return [{"query": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> SignalParams:
+        if (self.query is None) == (self.any_of is None):
+            raise ValueError("give exactly one of query or any_of")
+        if (self.op is None) != (self.threshold is None):
+            raise ValueError("op and threshold go together")
+        return self
+
+
+def templates_of(params: SignalParams) -> list[Alternative]:
+    """The queries of a condition: its one query, or each of ``any_of`` in order."""
+    if params.query is not None:
+        return [Alternative(query=params.query)]
+    return list(params.any_of or [])
+
+
+def _seconds(duration: str) -> float:
+    return float(sum(int(n) * _UNITS[u] for n, u in _DURATION.findall(duration)))
+
+
+@check_kind("signal", params=SignalParams, source=SOURCE)
+async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
+    source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
+    catalogue = load_catalogue(tuple(ctx.settings.signal_files))
+    lookback = max(MIN_NAMES_LOOKBACK_S, _seconds(ctx.settings.window))
+    present = await source.metric_names(ctx.at, lookback)
+    if isinstance(present, SourceError):
+        return present
+    planned: list[tuple[Alternative, Expansion]] = [
+        (alternative, expansion)
+        for alternative in templates_of(params)
+        for expansion in expansions(alternative.query, catalogue, present)
+    ]
+    answers = await asyncio.gather(*(source.query(e.query, ctx.at, params.timeout_s) for _, e in planned))
+    rows: dict[tuple[tuple[str, str], ...], Evidence] = {}
+    for (alternative, expansion), samples in zip(planned, answers, strict=True):
+        if isinstance(samples, SourceError):
+            return samples
+        for sample in samples:
+            if not _holds(sample.value, params):
+                continue
+            labels = normalise_labels(sample.labels, expansion.convention)
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != "job"))
+            rows.setdefault(
+                key,
+                Evidence(
+                    source=SOURCE,
+                    query=source.prepare(expansion.query),
+                    labels=labels,
+                    value=sample.value,
+                    threshold=params.threshold,
+                    detail=alternative.what,
+                    convention=expansion.convention.name,
+                    caveat="; ".join(expansion.notes) or None,
+                ),
+            )
+    return list(rows.values())
+
+
+def _holds(value: float, params: SignalParams) -> bool:
+    if math.isnan(value):
+        return False
+    if params.op is None or params.threshold is None:
+        return True
+    return compare(value, params.op, params.threshold)

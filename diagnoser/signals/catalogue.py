@@ -1,0 +1,287 @@
+"""The signal catalogue: named concepts (``pool.used``) and the metric names each convention uses.
+
+Real services expose the same concept under many names: OpenTelemetry's current semantic
+conventions, its older ``db_client_connections_*`` names, go-redis, HikariCP through Micrometer,
+Go's ``database/sql`` collector, pgbouncer, Envoy... Rules name *signals*; the catalogue says, per
+*convention*, which series hold each signal, what unit they are in and which labels identify the
+service and the pool. At evaluation the engine asks Prometheus once which metric names exist and
+instantiates each rule query for every convention present (:mod:`diagnoser.signals.expand`).
+
+A catalogue file::
+
+    signals:
+      pool.used: {type: gauge, unit: connections, help: Connections lent out.}
+      pool.hold_seconds: {type: histogram, unit: seconds}
+    conventions:
+      - name: hikaricp-micrometer
+        title: HikariCP through Micrometer's Prometheus registry
+        labels: {pool: pool}                 # normalised label: the convention's label
+        signals:
+          pool.used: hikaricp_connections_active
+          pool.hold_seconds: hikaricp_connections_usage_seconds
+          pool.wait_seconds_total: {metric: x_wait_nanoseconds_total, unit: nanoseconds}
+
+The shipped files are ``signals/*.yaml`` (inside the wheel); ``signal_files`` in the config adds
+more, read after them: a convention with the same name replaces the shipped one, a new one is
+appended, and earlier conventions win when two answer for the same series.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from diagnoser.errors import ConfigError
+
+__all__ = [
+    "Catalogue",
+    "Convention",
+    "Form",
+    "SignalDef",
+    "active_catalogue",
+    "builtin_signals_dir",
+    "load_catalogue",
+    "use_signal_files",
+]
+
+_SELECTOR = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{.*\})?\s*$", re.S)
+_SIGNAL_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
+#: Seconds per unit, for durations; any other unit is a count and is not scaled.
+TIME_UNITS: dict[str, float] = {
+    "seconds": 1.0,
+    "milliseconds": 1e-3,
+    "microseconds": 1e-6,
+    "nanoseconds": 1e-9,
+}
+#: Names whose last word is a time unit carry it (``..._use_time_milliseconds``).
+_UNIT_SUFFIX = re.compile(r"_(seconds|milliseconds|microseconds|nanoseconds)(_total)?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SignalDef(_Strict):
+    """What a signal is, whatever its name in a given convention."""
+
+    type: Literal["gauge", "counter", "histogram"]
+    #: ``seconds`` for durations (every convention's values are converted to seconds), or a count.
+    unit: str
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Form:
+    """How one convention exposes one signal: a metric name, fixed matchers, a unit and a caveat."""
+
+    metric: str
+    matchers: str = ""
+    #: Multiply values by this to get the signal's unit (1 for counts and for seconds).
+    scale: float = 1.0
+    #: Said in the evidence whenever this form answered (``includes pool wait``).
+    note: str | None = None
+
+    def selector(self, suffix: str = "") -> str:
+        return f"{self.metric}{suffix}{self.matchers}"
+
+
+class _FormSpec(_Strict):
+    metric: str
+    unit: str | None = None
+    note: str | None = None
+
+
+class _ConventionSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    title: str
+    #: Normalised label -> this convention's label. ``service`` defaults to ``job``.
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: Metric names that must all exist for this convention to count as present (default: the
+    #: names a query needs), to tell apart conventions that share some names.
+    detect: list[str] = Field(default_factory=list)
+    signals: dict[str, str | _FormSpec]
+
+
+class _FileSpec(_Strict):
+    signals: dict[str, SignalDef] = Field(default_factory=dict)
+    conventions: list[_ConventionSpec] = Field(default_factory=list)
+
+    @field_validator("signals")
+    @classmethod
+    def _names(cls, value: dict[str, SignalDef]) -> dict[str, SignalDef]:
+        bad = [name for name in value if not _SIGNAL_NAME.match(name)]
+        if bad:
+            raise ValueError(f"signal names are dotted lower_snake_case like pool.used: {bad}")
+        return value
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One naming convention: its forms for the signals it has, and its label names."""
+
+    name: str
+    title: str
+    labels: Mapping[str, str]
+    forms: Mapping[str, Form]
+    detect: tuple[str, ...] = ()
+
+    def source_label(self, normalised: str) -> str:
+        """The convention's name for a normalised label (``pool`` -> ``db_client_connection_pool_name``)."""
+        return self.labels.get(normalised, normalised)
+
+    def normalised_label(self, source: str) -> str | None:
+        """The normalised name of one of this convention's labels, or ``None`` if it has none."""
+        for normalised, own in self.labels.items():
+            if own == source:
+                return normalised
+        return None
+
+
+@dataclass
+class Catalogue:
+    """Every known signal and convention, in precedence order."""
+
+    signals: dict[str, SignalDef] = field(default_factory=dict)
+    conventions: list[Convention] = field(default_factory=list)
+
+    def convention(self, name: str) -> Convention | None:
+        return next((c for c in self.conventions if c.name == name), None)
+
+    def metric_names(self) -> set[str]:
+        """Every metric name any convention uses, histogram series included."""
+        names: set[str] = set()
+        for convention in self.conventions:
+            for signal, form in convention.forms.items():
+                names.update(series_names(form, self.signals[signal]))
+        return names
+
+
+def series_names(form: Form, signal: SignalDef) -> list[str]:
+    """The series names a form stands for: a histogram's ``_bucket``, ``_sum`` and ``_count``."""
+    if signal.type == "histogram":
+        return [f"{form.metric}_{part}" for part in ("bucket", "sum", "count")]
+    return [form.metric]
+
+
+def _form(signal: str, spec: str | _FormSpec, definition: SignalDef, where: str) -> Form:
+    metric_text = spec if isinstance(spec, str) else spec.metric
+    match = _SELECTOR.match(metric_text)
+    if not match:
+        raise ConfigError(f"{where}: {signal}: {metric_text!r} is not a metric selector")
+    metric, matchers = match.group(1), (match.group(2) or "").strip()
+    unit = spec.unit if isinstance(spec, _FormSpec) and spec.unit else _unit_in_name(metric)
+    scale = 1.0
+    if definition.unit == "seconds":
+        unit = unit or "seconds"
+        if unit not in TIME_UNITS:
+            raise ConfigError(f"{where}: {signal}: unit {unit!r} is not one of {sorted(TIME_UNITS)}")
+        scale = TIME_UNITS[unit]
+    note = spec.note if isinstance(spec, _FormSpec) else None
+    return Form(metric=metric, matchers=matchers, scale=scale, note=note)
+
+
+def _unit_in_name(metric: str) -> str | None:
+    match = _UNIT_SUFFIX.search(metric)
+    return match.group(1) if match else None
+
+
+def builtin_signals_dir() -> Path:
+    """The shipped catalogue: inside the wheel, or ``signals/`` of a source checkout."""
+    packaged = Path(str(resources.files("diagnoser"))) / "_data" / "signals"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent.parent / "signals"
+
+
+def _read(path: Path) -> _FileSpec:
+    try:
+        document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read signal catalogue: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return _FileSpec.model_validate(document or {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: invalid signal catalogue: {problems}") from exc
+
+
+def _files(paths: Iterable[Path]) -> list[Path]:
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(sorted(path.glob("*.y*ml")))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise ConfigError(f"{path}: signal catalogue file does not exist")
+    return found
+
+
+@lru_cache(maxsize=8)
+def load_catalogue(extra: tuple[Path, ...] = ()) -> Catalogue:
+    """The shipped catalogue plus ``extra`` files or directories (``signal_files`` in config).
+
+    Raises :class:`ConfigError` naming the file and field of the first bad file.
+    """
+    specs = [(path, _read(path)) for path in _files([builtin_signals_dir(), *extra])]
+    catalogue = Catalogue()
+    for path, spec in specs:
+        for name, definition in spec.signals.items():
+            known = catalogue.signals.get(name)
+            if known is not None and known != definition:
+                raise ConfigError(f"{path}: signal {name} is already defined differently")
+            catalogue.signals[name] = definition
+    for path, spec in specs:
+        for convention_spec in spec.conventions:
+            where = f"{path}: convention {convention_spec.name}"
+            unknown = sorted(set(convention_spec.signals) - set(catalogue.signals))
+            if unknown:
+                raise ConfigError(f"{where}: unknown signal(s) {unknown}; known: {sorted(catalogue.signals)}")
+            convention = Convention(
+                name=convention_spec.name,
+                title=convention_spec.title,
+                labels={"service": "job", **convention_spec.labels},
+                forms={
+                    name: _form(name, form, catalogue.signals[name], where)
+                    for name, form in convention_spec.signals.items()
+                },
+                detect=tuple(convention_spec.detect),
+            )
+            index = next(
+                (i for i, c in enumerate(catalogue.conventions) if c.name == convention.name), None
+            )
+            if index is None:
+                catalogue.conventions.append(convention)
+            else:
+                catalogue.conventions[index] = convention
+    return catalogue
+
+
+#: Catalogue files from the config (``signal_files``), set before rules load so that a rule's
+#: signal names are checked against the catalogue the user will run with.
+_active_files: tuple[Path, ...] = ()
+
+
+def use_signal_files(paths: Iterable[Path]) -> Catalogue:
+    """Make ``paths`` (after the shipped files) the catalogue rules are checked against."""
+    global _active_files
+    catalogue = load_catalogue(tuple(Path(p) for p in paths))
+    _active_files = tuple(Path(p) for p in paths)
+    return catalogue
+
+
+def active_catalogue() -> Catalogue:
+    """The catalogue chosen by :func:`use_signal_files` (the shipped one by default)."""
+    return load_catalogue(_active_files)
