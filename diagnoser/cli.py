@@ -252,12 +252,16 @@ def rules_lint(
     rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
 ) -> None:
     """Validate every rule file; with a Prometheus, also run each query to check it parses and evaluates."""
-    from diagnoser.lint import lint_queries
+    from diagnoser.lint import lint_queries, lint_static
 
     overrides: dict[str, Any] = {"prometheus": {"url": prometheus_url}} if prometheus_url else {}
     settings = _settings(config, overrides)
     ruleset = _rules(settings, rules_dir)
     problems = [str(p) for p in ruleset.problems]
+    for line in lint_static(ruleset, settings):
+        stderr.print("[yellow]rule problem:[/yellow] ", end="")
+        stderr.print(line, markup=False, highlight=False, soft_wrap=True)
+        problems.append(line)
     if settings.prometheus.url:
         problems += asyncio.run(lint_queries(ruleset, settings))
         for line in problems[len(ruleset.problems) :]:
