@@ -34,7 +34,10 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _BY = re.compile(r"\bby\s*\(([^()]*)\)")
 _LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 #: Values every finding has besides its labels.
-_ALWAYS = {"value", "threshold", "detail", "count", "subject", "caveats", "window", "slo.p99_ms", "slo.error_ratio"}
+_ALWAYS = {
+    *("value", "threshold", "detail", "count", "subject", "caveats", "window"),
+    *("slo.p99_ms", "slo.error_ratio"),
+}
 #: Labels a signal query's answers always carry: the scrape job (as ``service`` and ``job``).
 _SIGNAL_LABELS = {"service", "job"}
 #: Labels that depend on how a target is scraped: absent outside Kubernetes.
