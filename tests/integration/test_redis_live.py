@@ -115,3 +115,27 @@ def test_redis_at_maxclients_is_diagnosed(redis_stack: tuple[int, str]) -> None:
     assert finding["labels"]["instance"] == exporter
     assert f"of {MAXCLIENTS} client slots" in finding["summary"]
     assert f"from {MAXCLIENTS} to at least 15" in finding["recommendation"]
+
+
+def test_redis_full_while_its_exporter_is_blind_is_diagnosed_during_the_storm(redis_stack: tuple[int, str]) -> None:
+    redis_port, exporter = redis_stack
+    with LocalPrometheus(scrape_targets=[exporter], scrape_interval="1s") as prometheus:
+        _wait_for(prometheus.url, "redis_config_maxclients > 0")
+        held = [socket.create_connection(("127.0.0.1", redis_port), timeout=2) for _ in range(MAXCLIENTS)]
+        try:
+            for sock in held:
+                sock.sendall(b"PING\r\n")
+                sock.recv(100)
+            _wait_for(prometheus.url, "redis_up == 0")
+            result = run_cli("now", "--prometheus-url", prometheus.url, "--format", "json")
+        finally:
+            for sock in held:
+                sock.close()
+    assert result.code == 1, result.stderr
+    findings = {f["rule_id"]: f for f in json.loads(result.stdout)["findings"]}
+    blind = findings["pools/redis-maxclients-exporter-blind"]
+    assert blind["cause"] == "connection_pool_exhaustion"
+    assert f"maxclients is {MAXCLIENTS}" in blind["summary"]
+    assert f"from {MAXCLIENTS} to at least 15" in blind["recommendation"]
+    assert findings["sources/exporter-cannot-scrape"]["cause"] == "source_unavailable"
+    assert findings["sources/exporter-cannot-scrape"]["labels"]["instance"] == exporter
