@@ -1,0 +1,105 @@
+"""Real client libraries driven past their pools, scraped live by a real Prometheus, diagnosed.
+
+SQLAlchemy 2.0 with opentelemetry-instrumentation-sqlalchemy exports only how many connections are
+used and idle; redis-py 8's own observability adds a wait-time histogram, still no maximum. Neither
+says how big the pool is, so diagnoser must infer the exhaustion (and the size) from the plateau.
+The services are the ones the recordings in tests/fixtures/expositions came from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from diagnoser.local_prometheus import LocalPrometheus
+from tests.conftest import run_cli
+from tests.fixtures.pool_services.record import Load, free_port, process, redis_server, wait_http
+
+SERVICES = Path(__file__).resolve().parents[1] / "fixtures" / "pool_services"
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for(url: str, promql: str, timeout: float = 40.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        query = urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:
+            if json.load(response)["data"]["result"]:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"no result for {promql} within {timeout}s")
+
+
+def _diagnose_under_load(service_port: int, load_url: str, threads: int, pool_series: str) -> dict[str, object]:
+    """Drive the service past its pool, let Prometheus see 15 s of it, diagnose over a 10 s window."""
+    with LocalPrometheus(scrape_targets=[f"127.0.0.1:{service_port}"], scrape_interval="1s") as prometheus:
+        _wait_for(prometheus.url, "up == 1")
+        with Load(load_url, threads, 0.0):
+            _wait_for(prometheus.url, pool_series)  # a pool opens its connections on first use
+            time.sleep(15)
+            result = run_cli(
+                "now", "--prometheus-url", prometheus.url, "--slo-p99-ms", "200", "--format", "json",
+                env={"DIAGNOSER_WINDOW": "10s"},
+            )  # fmt: skip
+    assert result.code == 1, result.stderr
+    report: dict[str, object] = json.loads(result.stdout)
+    return report
+
+
+def _the_pool_finding(report: dict[str, object]) -> dict[str, object]:
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    pools = [f for f in findings if f["cause"] == "connection_pool_exhaustion"]
+    assert len(pools) == 1, [f["summary"] for f in findings]
+    for finding in findings:
+        for key in ("title", "summary", "recommendation"):
+            assert "?" not in finding[key] and "unknown" not in finding[key], finding[key]
+    finding: dict[str, object] = pools[0]
+    return finding
+
+
+def test_sqlalchemy_pool_exhaustion_is_found_with_its_size_inferred() -> None:
+    port = free_port()
+    service = [sys.executable, str(SERVICES / "sqlalchemy_orders.py"), "--port", str(port), "--pool-size", "5"]
+    with process(*service, cwd=SERVICES):
+        wait_http(f"http://127.0.0.1:{port}/metrics")
+        report = _diagnose_under_load(
+            port, f"http://127.0.0.1:{port}/orders?hold_s=0.3", 20, 'db_client_connections_usage_connections{state="used"}'
+        )
+    finding = _the_pool_finding(report)
+    assert finding["rule_id"] == "pools/pool-exhaustion-inferred"
+    assert "all 5 connections lent out" in str(finding["summary"])
+    assert "Raise the pool from 5 (inferred" in str(finding["recommendation"])
+    evidence = finding["evidence"]
+    assert isinstance(evidence, list)
+    assert evidence[0]["convention"] == "otel-semconv-pre-1.26-unit-suffix"
+    assert str(finding["labels"]["pool"]).startswith("sqlite://")  # type: ignore[index]
+
+
+def test_redis_py_pool_exhaustion_is_found_with_its_size_inferred() -> None:
+    with redis_server() as redis_port:
+        port = free_port()
+        service = [
+            sys.executable, str(SERVICES / "redis_py_features.py"), "--port", str(port),
+            "--redis-port", str(redis_port), "--max-connections", "10",
+        ]  # fmt: skip
+        with process(*service, cwd=SERVICES):
+            wait_http(f"http://127.0.0.1:{port}/metrics")
+            report = _diagnose_under_load(
+                port, f"http://127.0.0.1:{port}/features?hold_s=0.5", 40,
+                'db_client_connection_count{db_client_connection_state="used"}',
+            )  # fmt: skip
+    finding = _the_pool_finding(report)
+    assert finding["rule_id"] == "pools/pool-exhaustion-inferred"
+    assert "all 10 connections lent out" in str(finding["summary"])
+    assert "Raise the pool from 10 (inferred" in str(finding["recommendation"])
+    evidence = finding["evidence"]
+    assert isinstance(evidence, list)
+    assert evidence[0]["convention"] == "otel-semconv"
