@@ -25,7 +25,7 @@ from diagnoser.models import SourceError
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.signals import expansions, load_catalogue
 from diagnoser.sources.prometheus import PrometheusSource
-from diagnoser.templating import MissingVariable
+from diagnoser.templating import MissingVariable, optional_clauses
 
 __all__ = ["lint_queries", "lint_static"]
 
@@ -101,7 +101,7 @@ def _missing_placeholders(rule: Rule) -> list[str]:
         labels |= set(rule.group_by)
     problems = []
     for field_name in ("title", "summary", "recommendation"):
-        text = getattr(rule, field_name)
+        text = optional_clauses(getattr(rule, field_name))
         for _, name, _, _ in string.Formatter().parse(text):
             if name is None or name in known or name in labels:
                 continue

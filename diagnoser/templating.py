@@ -19,7 +19,14 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MISSING_TEXT", "MissingVariable", "format_text", "resolve_placeholders", "variables_for"]
+__all__ = [
+    "MISSING_TEXT",
+    "MissingVariable",
+    "format_text",
+    "optional_clauses",
+    "resolve_placeholders",
+    "variables_for",
+]
 
 _PLACEHOLDER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-/]*)\s*\}")
 
@@ -132,10 +139,25 @@ class _Missing:
 _FORMATTER = _LenientFormatter()
 
 
+#: ``{?name text?}``: ``text`` (itself a template) only when ``name`` has a value.
+_OPTIONAL = re.compile(r"\{\?([A-Za-z_][\w.]*)\s(.*?)\?\}", re.S)
+
+
+def optional_clauses(template: str, values: Mapping[str, Any] | None = None) -> str:
+    """Resolve ``{?name text?}`` clauses: kept when ``name`` has a value (or, without values, always)."""
+    return _OPTIONAL.sub(
+        lambda m: m.group(2) if values is None or values.get(m.group(1)) is not None else "", template
+    )
+
+
 def format_text(template: str, values: Mapping[str, Any]) -> str:
-    """Fill ``template``'s ``{field:spec}`` from ``values``; missing fields render as ``unknown``."""
+    """Fill ``template``'s ``{field:spec}`` from ``values``; missing fields render as ``unknown``.
+
+    ``{?name text?}`` keeps ``text`` only when ``name`` has a value, so a sentence about a
+    measurement a library does not export can be left out instead of reading "unknown".
+    """
     try:
-        return _FORMATTER.vformat(template, (), values)
+        return _FORMATTER.vformat(optional_clauses(template, values), (), values)
     except (ValueError, IndexError, KeyError, AttributeError):
         # A malformed template is shown as written rather than losing the finding.
         return template
