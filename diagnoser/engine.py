@@ -284,7 +284,8 @@ def _finding(
             values[name] = evaluate_expression(expression, values)
         except ExpressionError as exc:
             values[name] = None
-            problems.append(f"{name} not computed: {exc}")
+            if not exc.missing:  # a value the library does not export is not a problem to report
+                problems.append(f"{name} not computed: {exc}")
     evidence = primary_rows[:MAX_EVIDENCE_PER_CONDITION] + [
         row for _, rows in others for row in rows[:MAX_EVIDENCE_PER_CONDITION]
     ]

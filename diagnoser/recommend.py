@@ -91,6 +91,11 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
 class ExpressionError(ValueError):
     """An expression is malformed, uses something not allowed, or names a missing value."""
 
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        #: True when the expression is fine but a value it needs was not measured.
+        self.missing = missing
+
 
 def _dotted_name(node: ast.expr) -> str | None:
     if isinstance(node, ast.Name):
@@ -157,7 +162,7 @@ def _evaluate(node: ast.expr, values: Mapping[str, Any]) -> Any:
         name = _dotted_name(node) or ""
         value = values.get(name)
         if value is None:
-            raise ExpressionError(f"{name} has no value")
+            raise ExpressionError(f"{name} has no value", missing=True)
         return value
     if isinstance(node, ast.BinOp):
         try:
@@ -185,7 +190,7 @@ def _evaluate(node: ast.expr, values: Mapping[str, Any]) -> Any:
                 return _evaluate(arg, values)
             except ExpressionError:
                 continue
-        raise ExpressionError("coalesce: none of its arguments has a value")
+        raise ExpressionError("coalesce: none of its arguments has a value", missing=True)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         args = [_evaluate(arg, values) for arg in node.args]
         try:
