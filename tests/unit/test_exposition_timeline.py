@@ -8,6 +8,7 @@ counters advancing at the rate measured between the two incident snapshots, gaug
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -53,6 +54,18 @@ def test_every_recording_becomes_openmetrics_promtool_accepts_shape(convention: 
     for line in text.splitlines()[:-1]:
         timestamp = float(line.rsplit(" ", 1)[1])
         assert START_S <= timestamp <= START_S + 1_300, line
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_every_recording_backfills_with_promtool(convention: str, tmp_path: Path) -> None:
+    source = tmp_path / "timeline.om"
+    source.write_text(incident_openmetrics(EXPOSITIONS / convention, start_s=START_S, scrape_labels=SCRAPE))
+    result = subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "data")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert any((tmp_path / "data").iterdir())
 
 
 def test_sqlalchemy_recording_backfilled_reads_back_the_recorded_rates() -> None:
