@@ -8,6 +8,7 @@ counters advancing at the rate measured between the two incident snapshots, gaug
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -53,6 +54,18 @@ def test_every_recording_becomes_openmetrics_promtool_accepts_shape(convention: 
     for line in text.splitlines()[:-1]:
         timestamp = float(line.rsplit(" ", 1)[1])
         assert START_S <= timestamp <= START_S + 1_300, line
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_every_recording_backfills_with_promtool(convention: str, tmp_path: Path) -> None:
+    source = tmp_path / "timeline.om"
+    source.write_text(incident_openmetrics(EXPOSITIONS / convention, start_s=START_S, scrape_labels=SCRAPE))
+    result = subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "data")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert any((tmp_path / "data").iterdir())
 
 
 def test_sqlalchemy_recording_backfilled_reads_back_the_recorded_rates() -> None:
@@ -102,3 +115,27 @@ def test_buckets_keep_the_libraries_le_spelling() -> None:
     assert 'le="1"' in text and 'le="1.0"' not in text
     families = {f.name for f in text_string_to_metric_families(text.replace("# EOF\n", ""))}
     assert "http_server_request_duration_seconds_bucket" in families
+
+
+def test_go_redis_cumulative_gauges_advance_at_the_recorded_rate() -> None:
+    """go-redis exports its cumulative pool counts as gauges; convention.yaml marks them so the
+    timeline advances them, and ``rate()`` over the backfill reads the scenario's 2,000 timeouts
+    in 600 s. The pool stays pinned at 10 of 10 through the incident."""
+    convention = EXPOSITIONS / "go-redis-redisotel"
+    text = incident_openmetrics(convention, start_s=START_S, scrape_labels={"job": "feature-service", "instance": "10.0.3.4:9464"})
+    pool = {  # otel_scope_schema_url="" is dropped, as Prometheus drops empty labels
+        "db_system": "redis",
+        "otel_scope_name": "github.com/redis/go-redis/extra/redisotel",
+        "otel_scope_version": "semver:9.22.0",
+        "pool_name": "redis-features:6379",
+    }
+    expected_timeouts = _recorded_rate("go-redis-redisotel", "db_client_connections_timeouts", pool)
+    assert expected_timeouts == pytest.approx(2_000 / 600, rel=0.05)
+    incident_end = START_S + 600 + 600
+    with LocalPrometheus(openmetrics=text) as prometheus:
+        timeouts = _query(prometheus.url, "rate(db_client_connections_timeouts[5m])", incident_end)
+        assert float(timeouts[0]["value"][1]) == pytest.approx(expected_timeouts, rel=0.01)  # type: ignore[index]
+        before = _query(prometheus.url, "rate(db_client_connections_timeouts[5m])", START_S + 590)
+        assert float(before[0]["value"][1]) == 0.0  # type: ignore[index]
+        used = _query(prometheus.url, 'db_client_connections_usage{state="used"} / ignoring(state) db_client_connections_max', incident_end)
+        assert float(used[0]["value"][1]) == 1.0  # type: ignore[index]
