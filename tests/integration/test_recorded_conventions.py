@@ -18,7 +18,7 @@ import pytest
 
 from diagnoser.local_prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.fixtures.expositions.timeline import HERE, incident_openmetrics
+from tests.fixtures.expositions.timeline import incident_openmetrics
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +52,10 @@ CASES = [
     Case("grpc-go-prometheus", "http/grpc-latency-slo-breach", "go-grpc-prometheus"),
     Case("grpc-otel", "http/grpc-latency-slo-breach", "otel-rpc-old"),
     Case("grpc-otel-new", "http/grpc-latency-slo-breach", "otel-rpc"),
-]
-CASES += [
-    Case(name, "pools/pool-exhaustion", name)
-    for name in ("go-redis-redisotel", "hikaricp-micrometer")
-    if (HERE / name / "incident-0.prom").exists()
+    Case("go-redis-redisotel", "pools/pool-exhaustion", "go-redis-redisotel", "100% of 10 connections in use"),
+    Case("hikaricp-micrometer", "pools/pool-exhaustion", "hikaricp-micrometer", "connections in use"),
+    Case("envoy", "pools/pool-overflow", "envoy", "refused because the pool or its queue is full"),
+    Case("otel-http-legacy", "http/latency-slo-breach", "otel-http-old"),
 ]
 
 
