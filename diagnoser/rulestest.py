@@ -248,7 +248,7 @@ async def _evaluate_all(planned: list[_PlannedGroup], url: str) -> list[CaseResu
             for test in plan.group.finding_tests:
                 results.append(await _run_case(plan, test, source))
         finally:
-            source.close()
+            await source.aclose()
     return results
 
 

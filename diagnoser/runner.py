@@ -37,7 +37,8 @@ class BuiltSources:
     async def aclose(self) -> None:
         """Close every source; some close synchronously, the Elasticsearch client asynchronously."""
         for source in (self.sources.prometheus, self.sources.elasticsearch, self.sources.kubernetes):
-            close = getattr(source, "close", None)
+            # Prefer the asynchronous close: it lets an HTTP client end its connections politely.
+            close = getattr(source, "aclose", None) or getattr(source, "close", None)
             if close is None:
                 continue
             try:
