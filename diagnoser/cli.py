@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from diagnoser.config import Settings, load_settings
+from diagnoser.deadline import remaining_deadline
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
@@ -178,6 +179,8 @@ def now(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
             "--slowlog or --probe (or set them in --config)"
         )
+    # The deadline counts from the command's start: start-up and rule loading spend it too.
+    settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
     diagnosis = asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
     _print_diagnosis(diagnosis, output, verbose)
     raise typer.Exit(diagnosis.exit_code)

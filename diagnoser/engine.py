@@ -84,7 +84,7 @@ async def diagnose(
                             SourceError(
                                 source=rule.sources[0] if rule.sources else "engine",
                                 # No rule id in the text: one cause, one entry (rules counted).
-                                message=f"no answer within the {settings.deadline_s:g}s deadline",
+                                message="no answer before the diagnosis deadline",
                                 rule_id=rule.id,
                             )
                         ],
