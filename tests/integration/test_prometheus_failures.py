@@ -150,3 +150,13 @@ def test_a_port_that_accepts_and_never_answers_is_bounded(tmp_path: Path) -> Non
         assert "source_unavailable" in [f["cause"] for f in _report(result.stdout)["findings"]]  # type: ignore[union-attr]
     finally:
         listener.close()
+
+
+def test_rules_lint_stops_at_an_unreachable_prometheus() -> None:
+    port = free_port()  # nothing listens here
+    result = run_cli("rules", "lint", "--prometheus-url", f"http://127.0.0.1:{port}")
+    assert result.code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("query error")]
+    assert len(lines) == 1, result.stderr
+    assert f"cannot connect to http://127.0.0.1:{port}: connection refused" in lines[0]
+    assert "queries not checked" in lines[0]
