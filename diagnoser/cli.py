@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from diagnoser.config import Settings, load_settings
+from diagnoser.config import Settings, check_inputs, load_settings
 from diagnoser.deadline import remaining_deadline
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
@@ -77,6 +77,9 @@ def _settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
 
 
 def _rules(settings: Settings, extra_dirs: list[Path] | None = None) -> RuleSet:
+    for directory in extra_dirs or []:
+        if not directory.exists():
+            raise _fail(f"--rules: {directory} does not exist")
     if extra_dirs:
         settings = settings.model_copy(update={"rule_dirs": [*settings.rule_dirs, *extra_dirs]})
     ruleset = load_ruleset(settings)
@@ -162,6 +165,7 @@ def now(
     if slowlog:
         overrides.setdefault("elasticsearch", {})["slowlog_paths"] = [str(p) for p in slowlog]
     settings = _settings(config, overrides)
+    _check_inputs(settings)
     try:
         instant = parse_instant(at) if at else datetime.now(UTC)
     except ValueError as exc:
@@ -184,6 +188,14 @@ def now(
     diagnosis = asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
     _print_diagnosis(diagnosis, output, verbose)
     raise typer.Exit(diagnosis.exit_code)
+
+
+def _check_inputs(settings: Settings) -> None:
+    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load."""
+    try:
+        check_inputs(settings)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def _probe_runner(target: str, rate: float, duration: float, settings: Settings) -> ProbeRunner:

@@ -136,7 +136,8 @@ class KubernetesSource:
                 identity = f"context {settings.context} of {where}" if settings.context else where
         except Exception as exc:  # the loaders raise ConfigException, OSError, YAML and key errors alike
             what = "in-cluster configuration" if settings.in_cluster else "kubeconfig"
-            raise ConfigError(f"kubernetes: cannot load {what}: {exc}") from exc
+            detail = " ".join(str(exc).split())  # YAML errors span lines; a config error is one
+            raise ConfigError(f"kubernetes: cannot load {what}: {detail}") from exc
         # urllib3 retries connection errors three times by default; one try per call, no more.
         configuration.retries = False
         return cls(
