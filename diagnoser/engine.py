@@ -60,8 +60,12 @@ async def diagnose(
     *,
     at: datetime | None = None,
     probe: Mapping[str, Any] | None = None,
+    record: list[RuleOutcome] | None = None,
 ) -> Diagnosis:
-    """Evaluate ``rules`` against ``sources`` as of ``at`` (default: now) and rank the findings."""
+    """Evaluate ``rules`` against ``sources`` as of ``at`` (default: now) and rank the findings.
+
+    ``record``, when given, receives every rule's :class:`RuleOutcome` (for coverage).
+    """
     at = at or datetime.now(UTC)
     rule_list = list(rules)
     tasks = {
@@ -92,6 +96,8 @@ async def diagnose(
                 )
             else:
                 outcomes.append(task.result())
+    if record is not None:
+        record.extend(outcomes)
     findings = [f for outcome in outcomes for f in outcome.findings]
     errors = _collapse_errors([e for outcome in outcomes for e in outcome.errors])
     findings.extend(_unavailable_findings(errors, settings))

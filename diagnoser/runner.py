@@ -7,6 +7,7 @@ parse, a malformed URL) becomes an error entry like any other source failure.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -15,13 +16,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from diagnoser.config import Settings
-from diagnoser.engine import diagnose
+from diagnoser.coverage import LOOKBACK_S, SOURCES, build_coverage, no_data_finding
+from diagnoser.engine import RuleOutcome, attach_source_errors, diagnose, rank_findings
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.ruleset import RuleSet, load_rules
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis"]
+__all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis", "with_coverage"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,36 @@ def build_sources(settings: Settings) -> BuiltSources:
     return built
 
 
+def with_coverage(
+    diagnosis: Diagnosis,
+    rules: RuleSet,
+    outcomes: list[RuleOutcome],
+    settings: Settings,
+    sources: Sources,
+    *,
+    present_metrics: set[str] | SourceError | None,
+) -> Diagnosis:
+    """``diagnosis`` with its coverage, plus a ``no_data`` finding when no rule had any data."""
+    configured = [
+        name
+        for name in SOURCES
+        if getattr(sources, name, None) is not None or any(e.source == name for e in diagnosis.errors)
+    ]
+    coverage = build_coverage(
+        rules,
+        outcomes,
+        settings,
+        configured=configured,
+        present_metrics=present_metrics,
+        source_errors=diagnosis.errors,
+    )
+    findings = list(diagnosis.findings)
+    empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
+    if empty is not None:
+        findings.append(empty)
+    return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(findings)})
+
+
 def _optional_source(name: str, settings: Settings, errors: list[SourceError]) -> Any:
     try:
         if name == "elasticsearch":
@@ -105,14 +137,28 @@ async def run_diagnosis(
             except Exception as exc:  # a probe that cannot run is reported, the rest goes on
                 built.errors.append(SourceError(source="probe", message=f"probe did not run: {exc}"))
         built.sources.probe = probe_result
-        diagnosis = await diagnose(rules, settings, built.sources, at=at or datetime.now(UTC))
+        instant = at or datetime.now(UTC)
+        # Which metrics exist at the instant: asked alongside the rules, within their deadline.
+        names = (
+            asyncio.ensure_future(built.sources.prometheus.metric_names(instant, LOOKBACK_S))
+            if built.sources.prometheus is not None
+            else None
+        )
+        outcomes: list[RuleOutcome] = []
+        diagnosis = await diagnose(rules, settings, built.sources, at=instant, record=outcomes)
         if probe_result is not None and hasattr(probe_result, "model_dump"):
             diagnosis.probe = probe_result.model_dump(mode="json")
         if built.errors:
-            from diagnoser.engine import attach_source_errors
-
             diagnosis = attach_source_errors(diagnosis, built.errors, settings)
-        return diagnosis
+        present: set[str] | SourceError | None = None
+        if names is not None:
+            if names.done():
+                present = names.result()
+            else:
+                names.cancel()
+        return with_coverage(
+            diagnosis, rules, outcomes, settings, built.sources, present_metrics=present
+        )
     finally:
         if owned:
             await built.aclose()

@@ -2,7 +2,8 @@
 
 One row per finding, most important first: severity, cause, a one-line summary carrying the
 measured value and threshold, what to do, and the runbook link. Source errors follow, so an
-incomplete diagnosis never looks like a clean one.
+incomplete diagnosis never looks like a clean one, and one coverage line says what was evaluated,
+what had no data and what was skipped.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def render_table(diagnosis: Diagnosis, *, verbose: bool = False) -> RenderableTy
         for error in diagnosis.errors:
             errors.add_row(Text(error.source, style="red"), error.message)
         parts.append(errors)
+    if diagnosis.coverage is not None:
+        # "No findings" is only worth as much as what was looked at: always say what that was.
+        parts.append(Text(f"coverage: {diagnosis.coverage.summary}", style="dim"))
     return Group(*parts)
 
 

@@ -23,6 +23,8 @@ def render_markdown(diagnosis: Diagnosis) -> str:
         lines += ["## Sources that could not answer", "", "| source | error |", "|---|---|"]
         lines += [f"| {_cell(e.source)} | {_cell(e.message)} |" for e in diagnosis.errors]
         lines.append("")
+    if diagnosis.coverage is not None:
+        lines += [f"Coverage: {_cell(diagnosis.coverage.summary)}", ""]
     return "\n".join(lines)
 
 

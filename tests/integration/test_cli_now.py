@@ -19,7 +19,7 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     )
     assert result.code == 1, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"evaluated_at", "findings", "errors", "probe"}
+    assert set(report) == {"evaluated_at", "findings", "errors", "probe", "coverage"}
     assert report["evaluated_at"] == incident_prometheus.at("35m")
     assert report["errors"] == []
     assert report["probe"] is None
