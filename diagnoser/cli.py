@@ -31,6 +31,7 @@ from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
 from diagnoser.ruleset import RuleSet
 from diagnoser.runner import ProbeRunner, load_ruleset, run_diagnosis
+from diagnoser.scope import ReportScope
 from diagnoser.timeparse import parse_instant
 
 __all__ = ["app", "main"]
@@ -94,7 +95,11 @@ def now(
     config: ConfigOption = None,
     prometheus_url: PrometheusOption = None,
     at: Annotated[
-        str | None, typer.Option("--at", help="Evaluate as of this instant: RFC 3339 or unix seconds.")
+        str | None,
+        typer.Option(
+            "--at",
+            help="Evaluate as of this instant: RFC 3339 with a zone, unix seconds, or a time ago (-30m, 2h).",
+        ),
     ] = None,
     slo_p99_ms: Annotated[float | None, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms.")] = None,
     slo_error_ratio: Annotated[
@@ -118,7 +123,21 @@ def now(
     ] = False,
     namespace: Annotated[
         list[str] | None,
-        typer.Option("--namespace", "-n", help="Kubernetes namespace (repeatable; default all)."),
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Only this namespace (repeatable): Kubernetes reads, and findings by their namespace label.",
+        ),
+    ] = None,
+    severity: Annotated[
+        str | None,
+        typer.Option("--severity", help="Only rules and findings at this severity or above (e.g. warning)."),
+    ] = None,
+    cause: Annotated[
+        list[str] | None, typer.Option("--cause", help="Only rules of this cause (repeatable).")
+    ] = None,
+    rule: Annotated[
+        list[str] | None, typer.Option("--rule", help="Only this rule id or glob, 'pools/*' (repeatable).")
     ] = None,
     elasticsearch_url: Annotated[
         list[str] | None, typer.Option("--elasticsearch-url", help="Elasticsearch URL (repeatable).")
@@ -149,7 +168,10 @@ def now(
         overrides.setdefault("slo", {})["error_ratio"] = slo_error_ratio
     if deadline is not None:
         overrides["deadline_s"] = deadline
-    if kubeconfig or context or in_cluster or namespace:
+    if namespace:
+        # Scopes Kubernetes when it is configured; on its own it does not turn Kubernetes on.
+        overrides.setdefault("kubernetes", {})["namespaces"] = namespace
+    if kubeconfig or context or in_cluster:
         k8s: dict[str, Any] = overrides.setdefault("kubernetes", {})
         k8s["enabled"] = True
         if kubeconfig:
@@ -158,8 +180,6 @@ def now(
             k8s["context"] = context
         if in_cluster:
             k8s["in_cluster"] = True
-        if namespace:
-            k8s["namespaces"] = namespace
     if elasticsearch_url:
         overrides.setdefault("elasticsearch", {})["urls"] = elasticsearch_url
     if slowlog:
@@ -170,7 +190,13 @@ def now(
         instant = parse_instant(at) if at else datetime.now(UTC)
     except ValueError as exc:
         raise _fail(f"--at: {exc}") from exc
-    ruleset = _rules(settings, rules_dir)
+    try:
+        scope = ReportScope.from_flags(
+            severity=severity, causes=cause or [], rules=rule or [], namespaces=namespace or []
+        )
+        ruleset = scope.select(_rules(settings, rules_dir))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
     probe_runner = _probe_runner(probe, probe_rate, probe_duration, settings) if probe else None
     if (
         settings.prometheus.url is None
@@ -186,6 +212,7 @@ def now(
     # The deadline counts from the command's start: start-up and rule loading spend it too.
     settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
     diagnosis = asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
+    diagnosis = scope.apply(diagnosis)
     _print_diagnosis(diagnosis, output, verbose)
     raise typer.Exit(diagnosis.exit_code)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ __all__ = [
     "ProbeSettings",
     "PrometheusSettings",
     "Settings",
+    "Silence",
     "SlackSettings",
     "SloSettings",
     "check_inputs",
@@ -190,6 +192,26 @@ class DaemonSettings(_Section):
         return value
 
 
+class Silence(_Section):
+    """Findings to keep out of the report and notifications until ``until``, for a stated reason.
+
+    ``matchers`` compare with a finding's ``cause``, ``rule_id``, ``severity`` and labels
+    (``namespace``, ``job``, ``pool``...): every matcher must equal. A silenced finding is
+    listed in the report's coverage, never dropped without a trace.
+    """
+
+    matchers: dict[str, str] = Field(min_length=1)
+    until: datetime
+    comment: str = Field(min_length=1)
+
+    @field_validator("until")
+    @classmethod
+    def _zoned(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("needs a time zone, e.g. 2026-12-01T08:00:00Z")
+        return value
+
+
 def parse_listen_address(listen: str) -> tuple[str, int]:
     """``host:port`` (``[::1]:8080``, ``0.0.0.0:8080``, ``:8080``) as a pair; ValueError otherwise."""
     host, colon, port_text = listen.strip().rpartition(":")
@@ -234,6 +256,8 @@ class Settings(BaseSettings):
     context_labels: dict[str, str] = Field(default_factory=dict)
     #: The range rules average and rate over (``${window}`` in their queries), a PromQL duration.
     window: str = "5m"
+    #: Known problems to keep quiet until a time, each with a comment (``diagnose now`` and ``serve``).
+    silences: list[Silence] = Field(default_factory=list)
 
     @field_validator("window")
     @classmethod

@@ -39,7 +39,15 @@ from diagnoser.ruleset import Rule, resolve_condition
 from diagnoser.sources.prometheus import rewrite_metric_names
 from diagnoser.templating import MissingVariable
 
-__all__ = ["SOURCES", "build_coverage", "metric_names_in", "metric_names_of", "no_data_finding"]
+__all__ = [
+    "LOOKBACK_S",
+    "SOURCES",
+    "build_coverage",
+    "metric_names_in",
+    "metric_names_of",
+    "no_data_finding",
+    "summary_line",
+]
 
 #: Every source a rule can read, in the order reports list them.
 SOURCES = ("prometheus", "kubernetes", "elasticsearch", "probe")
@@ -150,7 +158,7 @@ def _rule_status(
 
     if outcome.skipped is not None:
         return entry("skipped", outcome.skipped)
-    if outcome.rule_id in silenced and not outcome.findings:
+    if outcome.rule_id in silenced:
         return entry("silenced", silenced[outcome.rule_id])
     if outcome.errors and not outcome.findings:
         return entry("error", outcome.errors[0].message)
@@ -183,7 +191,7 @@ def summary_line(coverage: Coverage) -> str:
     """One line: "22 rules evaluated, 9 without data: hikaricp_*, grpc_*; 4 skipped: no elasticsearch"."""
     counts = coverage.counts
     evaluated = [r.rule_id for r in coverage.rules if r.status == "evaluated"]
-    parts = [f"{len(evaluated)} rules evaluated{_which(evaluated)}"]
+    parts = [f"{_count(len(evaluated), 'rule')} evaluated{_which(evaluated)}"]
     if counts.get("no_data"):
         missing = sorted({m for r in coverage.rules if r.status == "no_data" for m in r.missing_metrics})
         parts.append(f"{counts['no_data']} without data: {', '.join(_metric_groups(missing))}")
@@ -196,9 +204,17 @@ def summary_line(coverage: Coverage) -> str:
     if counts.get("error"):
         failing = sorted({r.source for r in coverage.rules if r.status == "error"})
         text += f"; {counts['error']} failed: {', '.join(failing)} errors"
-    if counts.get("silenced"):
+    if coverage.silenced:
+        text += f"; {_count(len(coverage.silenced), 'finding')} silenced"
+    elif counts.get("silenced"):
         text += f"; {counts['silenced']} silenced"
+    if coverage.filtered_out:
+        text += f"; {_count(coverage.filtered_out, 'finding')} outside the filters"
     return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _which(rule_ids: Sequence[str], limit: int = 8) -> str:

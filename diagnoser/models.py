@@ -7,7 +7,7 @@ cause vocabulary are stable, sinks (console, Markdown, Slack) render them as pur
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -24,6 +24,7 @@ __all__ = [
     "FindingKind",
     "RuleCoverage",
     "Severity",
+    "SilencedFinding",
     "SourceCoverage",
     "SourceError",
 ]
@@ -171,6 +172,24 @@ class SourceCoverage(BaseModel):
     reason: str | None = None
 
 
+class SilencedFinding(BaseModel):
+    """A finding a configured silence kept out of the report: listed, so never lost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule_id: str
+    cause: str
+    severity: Severity
+    summary: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    comment: str
+    until: datetime
+
+    @field_serializer("until")
+    def _rfc3339(self, value: datetime) -> str:
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class Coverage(BaseModel):
     """What a run looked at: the answer to "is no finding good news, or no data?"."""
 
@@ -183,6 +202,10 @@ class Coverage(BaseModel):
     rules: list[RuleCoverage] = Field(default_factory=list)
     #: False when the metric names could not be read: ``no_data`` was not assessed.
     metrics_checked: bool = False
+    #: Findings that configured silences kept out of ``findings``, with each silence's comment.
+    silenced: list[SilencedFinding] = Field(default_factory=list)
+    #: Findings left out by the command's filters (--severity, --cause, --rule, --namespace).
+    filtered_out: int = 0
 
 
 class Diagnosis(BaseModel):

@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from diagnoser.config import Settings
-from diagnoser.coverage import LOOKBACK_S, SOURCES, build_coverage, no_data_finding
+from diagnoser.coverage import LOOKBACK_S, SOURCES, build_coverage, no_data_finding, summary_line
 from diagnoser.engine import RuleOutcome, attach_source_errors, diagnose, rank_findings
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.ruleset import RuleSet, load_rules
+from diagnoser.silences import apply_silences
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
@@ -82,7 +83,15 @@ def with_coverage(
     *,
     present_metrics: set[str] | SourceError | None,
 ) -> Diagnosis:
-    """``diagnosis`` with its coverage, plus a ``no_data`` finding when no rule had any data."""
+    """``diagnosis`` with its coverage, plus a ``no_data`` finding when no rule had any data.
+
+    Configured silences apply here, so ``diagnose now`` and the daemon silence alike; what they
+    keep out of ``findings`` is listed in ``coverage.silenced``.
+    """
+    now = datetime.now(UTC)
+    kept, silenced = apply_silences(diagnosis.findings, settings.silences, now)
+    still_reported = {finding.rule_id for finding in kept}
+    fully_silenced = {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
     configured = [
         name
         for name in SOURCES
@@ -94,13 +103,17 @@ def with_coverage(
         settings,
         configured=configured,
         present_metrics=present_metrics,
+        silenced=fully_silenced,
         source_errors=diagnosis.errors,
     )
-    findings = list(diagnosis.findings)
     empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
     if empty is not None:
-        findings.append(empty)
-    return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(findings)})
+        more_kept, more_silenced = apply_silences([empty], settings.silences, now)
+        kept += more_kept
+        silenced += more_silenced
+    coverage.silenced = silenced
+    coverage.summary = summary_line(coverage)
+    return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(kept)})
 
 
 def _optional_source(name: str, settings: Settings, errors: list[SourceError]) -> Any:

@@ -35,7 +35,7 @@ def test_findings_logged_served_and_covered(tmp_path: Path, live_prometheus: Liv
         assert [(f["cause"], f["labels"]["pool"]) for f in findings] == [("connection_pool_exhaustion", "main")]
         status, ready = _get(f"http://127.0.0.1:{port}/readyz")
         assert status == 200, ready
-        assert "coverage: 1 rules evaluated (test/pool-saturated)" in ready
+        assert "coverage: 1 rule evaluated (test/pool-saturated)" in ready
         metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
         assert 'diagnoser_rules{status="evaluated"} 1.0' in metrics
         assert 'diagnoser_source_status{source="prometheus",status="evaluated"} 1.0' in metrics
