@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from diagnoser.config import Settings, check_inputs, load_settings
+from diagnoser.config import Settings, check_inputs, configured_sources, load_settings
 from diagnoser.deadline import remaining_deadline
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
@@ -40,7 +41,7 @@ app = typer.Typer(
     name="diagnose",
     help="Find why a service is slow or failing: the root cause, the evidence and a number to act on.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 rules_app = typer.Typer(help="List, lint and test rules.", no_args_is_help=True)
@@ -54,6 +55,24 @@ class OutputFormat(StrEnum):
     table = "table"
     json = "json"
     markdown = "markdown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from diagnoser import __version__
+
+        sys.stdout.write(f"diagnose {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Find why a service is slow or failing: the root cause, the evidence and a number to act on."""
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -154,11 +173,14 @@ def now(
         float, typer.Option("--probe-duration", help="Seconds for --probe URL.")
     ] = 10.0,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show every evidence row; log details.")
-    ] = False,
+        int,
+        typer.Option(
+            "--verbose", "-v", count=True, help="-v: all evidence rows, diagnoser's log; -vv: libraries' too."
+        ),
+    ] = 0,
 ) -> None:
     """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr)
+    _configure_logging(verbose)
     overrides: dict[str, Any] = {}
     if prometheus_url:
         overrides.setdefault("prometheus", {})["url"] = prometheus_url
@@ -211,10 +233,56 @@ def now(
         )
     # The deadline counts from the command's start: start-up and rule loading spend it too.
     settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
-    diagnosis = asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
-    diagnosis = scope.apply(diagnosis)
-    _print_diagnosis(diagnosis, output, verbose)
+    diagnosis = scope.apply(_diagnose_with_spinner(settings, ruleset, instant, probe_runner))
+    _print_diagnosis(diagnosis, output, verbose > 0)
     raise typer.Exit(diagnosis.exit_code)
+
+
+#: Client libraries whose INFO/WARNING chatter (urllib3 retries, elastic_transport node
+#: failures, httpx requests) repeats what the report already says; shown from -vv on.
+_LIBRARY_LOGGERS = (
+    "urllib3", "elastic_transport", "elasticsearch", "httpx", "httpcore", "kubernetes", "asyncio",
+    "aiohttp", "apscheduler", "py.warnings",
+)  # fmt: skip
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbosity >= 2 else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    logging.captureWarnings(True)  # library warnings.warn() calls go through logging too
+    if verbosity >= 1:
+        logging.getLogger("diagnoser").setLevel(logging.DEBUG)
+    if verbosity < 2:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _diagnose_with_spinner(
+    settings: Settings, ruleset: RuleSet, instant: datetime, probe_runner: ProbeRunner | None
+) -> Diagnosis:
+    """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
+    if not stderr.is_terminal:
+        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
+    sources = [name for name in configured_sources(settings) if name != "probe"]
+    if probe_runner is not None:
+        sources.append("probe")
+    evaluating = f"evaluating {len(ruleset)} rules against {', '.join(sources)}"
+    with stderr.status(evaluating if probe_runner is None else "probing the target") as status:
+        probe: ProbeRunner | None = None
+        if probe_runner is not None:
+            runner = probe_runner
+
+            async def probe() -> Any:
+                try:
+                    return await runner()
+                finally:
+                    status.update(evaluating)
+
+        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe))
 
 
 def _check_inputs(settings: Settings) -> None:
@@ -242,7 +310,7 @@ def _print_diagnosis(diagnosis: Diagnosis, output: OutputFormat, verbose: bool) 
     elif output is OutputFormat.markdown:
         sys.stdout.write(render_markdown(diagnosis) + "\n")
     else:
-        stdout.print(render_table(diagnosis, verbose=verbose))
+        stdout.print(render_table(diagnosis, verbose=verbose, width=stdout.width, links=stdout.is_terminal))
 
 
 @rules_app.command("list")
@@ -277,10 +345,23 @@ def rules_list(
         ]
         sys.stdout.write("\n".join(lines) + "\n")
     else:
-        table = Table("rule", "cause", "kind", "severity", "sources")
-        for r in rows:
-            table.add_row(r["id"], r["cause"], r["kind"], r["severity"], ", ".join(r["sources"]))
-        stdout.print(table)
+        # The id is what users copy into --rule, rule_params and tests: never cut it; the other
+        # columns wrap instead.
+        widest = max((len(r["id"]) for r in rows), default=4)
+        causes = [r["cause"] + (" (symptom)" if r["kind"] == "symptom" else "") for r in rows]
+        if stdout.width >= widest + max((len(c) for c in causes), default=5) + 36:
+            table = Table(box=box.SIMPLE, pad_edge=False)
+            table.add_column("rule", no_wrap=True)
+            table.add_column("cause", no_wrap=True)
+            table.add_column("severity", no_wrap=True)
+            table.add_column("sources", overflow="fold")
+            for r, cause in zip(rows, causes, strict=True):
+                table.add_row(r["id"], cause, r["severity"], ", ".join(r["sources"]))
+            stdout.print(table)
+        else:  # narrow: the id on a line of its own, the rest below it
+            for r, cause in zip(rows, causes, strict=True):
+                stdout.print(r["id"], style="bold", no_wrap=True, overflow="ignore", highlight=False)
+                stdout.print(f"    {cause} · {r['severity']} · {', '.join(r['sources'])}", highlight=False)
     raise typer.Exit(1 if ruleset.problems else 0)
 
 

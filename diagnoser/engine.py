@@ -249,8 +249,9 @@ def _finding(
         except ExpressionError as exc:
             values[name] = None
             notes.append(f"{name} not computed: {exc}")
-    evidence = primary_rows[:MAX_EVIDENCE_PER_CONDITION] + [
-        row for _, rows in others for row in rows[:MAX_EVIDENCE_PER_CONDITION]
+    shown = MAX_EVIDENCE_PER_CONDITION
+    evidence = [_named(row, rule.when[0].name or "value") for row in primary_rows[:shown]] + [
+        _named(row, condition.label) for condition, rows in others for row in rows[:shown]
     ]
     recommendation = format_text(rule.recommendation, values)
     if notes:
@@ -268,6 +269,10 @@ def _finding(
         labels={**settings.context_labels, **rule.labels, **labels},
         explains=list(rule.explains),
     )
+
+
+def _named(row: Evidence, name: str) -> Evidence:
+    return row if row.name else row.model_copy(update={"name": name})
 
 
 def _collapse_errors(errors: list[SourceError]) -> list[SourceError]:

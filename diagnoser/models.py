@@ -100,6 +100,8 @@ class Evidence(BaseModel):
     value: float | None = None
     threshold: float | None = None
     detail: str | None = None
+    #: The rule condition's name (``pending``, ``max``), or ``value`` for its first condition.
+    name: str | None = None
 
     @field_serializer("value", "threshold")
     def _json_safe(self, value: float | None) -> float | None:

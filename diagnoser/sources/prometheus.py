@@ -236,6 +236,10 @@ class PrometheusSource:
         client, semaphore = self._client_for_loop()
         try:
             async with semaphore:
+                # Queued behind others: one of them may have found the endpoint unusable meanwhile.
+                remembered = self._remembered_failure()
+                if remembered is not None:
+                    return remembered
                 response = await client.get(path, params=params, timeout=timeout)
             return parse(_api_data(response, self.url, query))
         except _EndpointFailure as exc:

@@ -31,7 +31,8 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     assert "from 10 to 50 connections" in first["recommendation"]
     assert first["runbook_url"].endswith("rules/pools/otel-pool-exhaustion.md")
     evidence = first["evidence"][0]
-    assert set(evidence) == {"source", "query", "labels", "value", "threshold", "detail"}
+    assert set(evidence) == {"source", "query", "labels", "value", "threshold", "detail", "name"}
+    assert evidence["name"] == "value"
     assert evidence["source"] == "prometheus"
     assert evidence["value"] == 1.0
     assert evidence["threshold"] == 0.95
