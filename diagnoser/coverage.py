@@ -46,6 +46,7 @@ __all__ = [
     "metric_names_in",
     "metric_names_of",
     "no_data_finding",
+    "probe_shortfall",
     "summary_line",
 ]
 
@@ -96,6 +97,28 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
     return names
 
 
+def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str | None:
+    """Why ``rule``'s probe conditions had nothing to judge, or ``None`` when they had enough.
+
+    A ``probe`` condition does not hold below its ``min_requests``: with a run that small, a
+    silent rule is no data, not good news.
+    """
+    if finished is None:
+        return None
+    variables = rule.variables(settings)
+    for condition in rule.when:
+        if condition.kind.name != "probe":
+            continue
+        try:
+            params = resolve_condition(condition.kind, condition.raw_params, variables)
+        except (MissingVariable, ValueError):
+            continue
+        needed = getattr(params, "min_requests", 0)
+        if finished < needed:
+            return f"the probe finished only {finished} requests (below the rules' min_requests)"
+    return None
+
+
 def build_coverage(
     rules: Iterable[Rule],
     outcomes: Sequence[RuleOutcome],
@@ -105,6 +128,7 @@ def build_coverage(
     present_metrics: set[str] | SourceError | None,
     silenced: Mapping[str, str] | None = None,
     source_errors: Iterable[SourceError] = (),
+    probe_finished: int | None = None,
 ) -> Coverage:
     """Each rule's and each source's status in one run.
 
@@ -119,7 +143,7 @@ def build_coverage(
     for outcome in sorted(outcomes, key=lambda o: o.rule_id):
         rule = by_id.get(outcome.rule_id)
         source = rule.sources[0] if rule is not None and rule.sources else "engine"
-        entries.append(_rule_status(outcome, rule, source, settings, names, silenced))
+        entries.append(_rule_status(outcome, rule, source, settings, names, silenced, probe_finished))
     counts = Counter(entry.status for entry in entries)
     configured_set = set(configured)
     failed = {error.source: error.message for error in source_errors}
@@ -146,6 +170,7 @@ def _rule_status(
     settings: Settings,
     names: set[str] | None,
     silenced: Mapping[str, str],
+    probe_finished: int | None,
 ) -> RuleCoverage:
     def entry(status: CoverageStatus, reason: str | None = None, missing: Iterable[str] = ()) -> RuleCoverage:
         return RuleCoverage(
@@ -166,6 +191,10 @@ def _rule_status(
         needed = metric_names_of(rule, settings)
         if needed and not needed & names:
             return entry("no_data", None, needed)
+    if rule is not None and not outcome.findings and "probe" in rule.sources:
+        shortfall = probe_shortfall(rule, settings, probe_finished)
+        if shortfall is not None:
+            return entry("no_data", shortfall)
     return entry("evaluated")
 
 
@@ -194,13 +223,14 @@ def summary_line(coverage: Coverage) -> str:
     parts = [f"{_count(len(evaluated), 'rule')} evaluated{_which(evaluated)}"]
     if counts.get("no_data"):
         missing = sorted({m for r in coverage.rules if r.status == "no_data" for m in r.missing_metrics})
-        parts.append(f"{counts['no_data']} without data: {', '.join(_metric_groups(missing))}")
+        why = sorted({r.reason for r in coverage.rules if r.status == "no_data" and r.reason})
+        parts.append(f"{counts['no_data']} without data: {', '.join([*_metric_groups(missing), *why])}")
     elif not coverage.metrics_checked and any(s.source == "prometheus" for s in coverage.sources):
         parts.append("metric presence not checked")
     text = ", ".join(parts)
     if counts.get("skipped"):
-        reasons = Counter(_skip_reason(r) for r in coverage.rules if r.status == "skipped")
-        text += f"; {counts['skipped']} skipped: " + ", ".join(reason for reason, _ in reasons.most_common())
+        skips = Counter(_skip_reason(r) for r in coverage.rules if r.status == "skipped")
+        text += f"; {counts['skipped']} skipped: " + ", ".join(reason for reason, _ in skips.most_common())
     if counts.get("error"):
         failing = sorted({r.source for r in coverage.rules if r.status == "error"})
         text += f"; {counts['error']} failed: {', '.join(failing)} errors"
@@ -264,6 +294,23 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
         return None
     missing = sorted({m for r in coverage.rules if r.status == "no_data" for m in r.missing_metrics})
     when = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    reasons = sorted({r.reason for r in coverage.rules if r.status == "no_data" and r.reason})
+    if not missing:  # only the probe was short of data
+        return Finding(
+            rule_id="sources/no-data",
+            cause="no_data",
+            kind="cause",
+            severity=Severity.warning,
+            title="No rule had data",
+            summary="; ".join(reasons),
+            evidence=[Evidence(source="probe", query="", detail=reason) for reason in reasons],
+            recommendation=(
+                "The silence is not good news: the probe's run was too small to judge. Run it "
+                "longer or at a higher rate (--probe-duration, --probe-rate)."
+            ),
+            runbook_url=f"{settings.runbook_base_url}sources/no-data.md",
+            labels={**settings.context_labels, "source": "probe"},
+        )
     where = settings.prometheus.url or "Prometheus"
     return Finding(
         rule_id="sources/no-data",

@@ -105,6 +105,7 @@ def with_coverage(
         present_metrics=present_metrics,
         silenced=fully_silenced,
         source_errors=diagnosis.errors,
+        probe_finished=getattr(sources.probe, "finished", None),
     )
     empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
     if empty is not None:

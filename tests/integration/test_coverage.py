@@ -92,3 +92,33 @@ def test_healthy_instant_says_no_findings_with_the_coverage_line(incident_promet
     lines = result.stdout.splitlines()
     assert any(line.startswith("No findings") for line in lines)
     assert any(line.startswith("coverage: ") and "rules evaluated" in line for line in lines)
+
+
+def test_a_probe_run_too_small_to_judge_is_no_data_not_good_news() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class EmptyBody(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EmptyBody)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = run_cli("now", "--probe", f"http://127.0.0.1:{server.server_address[1]}/", "--probe-rate", "3",
+                         "--probe-duration", "2", "--format", "json")
+    finally:
+        server.shutdown()
+        server.server_close()
+    report = json.loads(result.stdout)
+    assert report["probe"]["sent"] == 6
+    by_rule = {r["rule_id"]: r for r in report["coverage"]["rules"]}
+    empty = by_rule["probe/probe-empty-success-response"]
+    assert empty["status"] == "no_data"
+    assert empty["reason"] == "the probe finished only 6 requests (below the rules' min_requests)"
+    assert "without data: the probe finished only 6 requests" in report["coverage"]["summary"]
