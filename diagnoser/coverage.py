@@ -295,45 +295,39 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
     missing = sorted({m for r in coverage.rules if r.status == "no_data" for m in r.missing_metrics})
     when = at.strftime("%Y-%m-%dT%H:%M:%SZ")
     reasons = sorted({r.reason for r in coverage.rules if r.status == "no_data" and r.reason})
-    if not missing:  # only the probe was short of data
-        return Finding(
-            rule_id="sources/no-data",
-            cause="no_data",
-            kind="cause",
-            severity=Severity.warning,
-            title="No rule had data",
-            summary="; ".join(reasons),
-            evidence=[Evidence(source="probe", query="", detail=reason) for reason in reasons],
-            recommendation=(
-                "The silence is not good news: the probe's run was too small to judge. Run it "
-                "longer or at a higher rate (--probe-duration, --probe-rate)."
-            ),
-            runbook_url=f"{settings.runbook_base_url}sources/no-data.md",
-            labels={**settings.context_labels, "source": "probe"},
+    if missing:
+        where = settings.prometheus.url or "Prometheus"
+        source = "prometheus"
+        summary = (
+            f"none of the {len(missing)} metrics the rules look for exist in {where} at {when} "
+            f"(or in the {LOOKBACK_S / 60:g} minutes before): {', '.join(_metric_groups(missing))}"
         )
-    where = settings.prometheus.url or "Prometheus"
+        evidence = [
+            Evidence(
+                source="prometheus",
+                query=f"/api/v1/label/__name__/values?start=<{when} - {LOOKBACK_S:g}s>&end={when}",
+                detail="looked for: " + ", ".join(missing),
+            )
+        ]
+        advice = (
+            "Check that --at falls inside the stored data, that this Prometheus is the one scraping "
+            "the service, and that metric names match your exporters (rename them under metrics: in "
+            "the config)."
+        )
+    else:  # only the probe was short of data
+        source = "probe"
+        summary = "; ".join(reasons)
+        evidence = [Evidence(source="probe", query="", detail=reason) for reason in reasons]
+        advice = "Run the probe longer or at a higher rate (--probe-duration, --probe-rate)."
     return Finding(
         rule_id="sources/no-data",
         cause="no_data",
         kind="cause",
         severity=Severity.warning,
         title="No rule had data",
-        summary=(
-            f"none of the {len(missing)} metrics the rules look for exist in {where} at {when} "
-            f"(or in the {LOOKBACK_S / 60:g} minutes before): {', '.join(_metric_groups(missing))}"
-        ),
-        evidence=[
-            Evidence(
-                source="prometheus",
-                query=f"/api/v1/label/__name__/values?start=<{when} - {LOOKBACK_S:g}s>&end={when}",
-                detail="looked for: " + ", ".join(missing),
-            )
-        ],
-        recommendation=(
-            "The silence is not good news: nothing was measured. Check that --at falls inside the "
-            "stored data, that this Prometheus is the one scraping the service, and that metric names "
-            "match your exporters (rename them under metrics: in the config)."
-        ),
+        summary=summary,
+        evidence=evidence,
+        recommendation="The silence is not good news: nothing was measured. " + advice,
         runbook_url=f"{settings.runbook_base_url}sources/no-data.md",
-        labels={**settings.context_labels, "source": "prometheus"},
+        labels={**settings.context_labels, "source": source},
     )

@@ -449,26 +449,16 @@ class Daemon:
 
 def _log_transitions(before: Mapping[str, Finding], after: Mapping[str, Finding]) -> None:
     """One INFO line per finding that appeared or cleared: a daemon without Slack still tells."""
-    for fp, finding in after.items():
-        if fp not in before:
-            log.info(
-                "new finding: %s: %s",
-                finding.cause,
-                finding.summary,
-                extra={
-                    "cause": finding.cause,
-                    "rule_id": finding.rule_id,
-                    "severity": finding.severity.value,
-                },
-            )
-    for fp, finding in before.items():
-        if fp not in after:
-            log.info(
-                "resolved finding: %s: %s",
-                finding.cause,
-                finding.summary,
-                extra={"cause": finding.cause, "rule_id": finding.rule_id},
-            )
+    changes = [("new", f) for fp, f in after.items() if fp not in before]
+    changes += [("resolved", f) for fp, f in before.items() if fp not in after]
+    for change, finding in changes:
+        log.info(
+            "%s finding: %s: %s",
+            change,
+            finding.cause,
+            finding.summary,
+            extra={"cause": finding.cause, "rule_id": finding.rule_id, "severity": finding.severity.value},
+        )
 
 
 def _alert_name(payload: Mapping[str, Any]) -> str:
