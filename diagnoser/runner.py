@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -159,6 +160,7 @@ async def run_diagnosis(
             else None
         )
         outcomes: list[RuleOutcome] = []
+        started = time.monotonic()
         diagnosis = await diagnose(rules, settings, built.sources, at=instant, record=outcomes)
         if probe_result is not None and hasattr(probe_result, "model_dump"):
             diagnosis.probe = probe_result.model_dump(mode="json")
@@ -166,6 +168,8 @@ async def run_diagnosis(
             diagnosis = attach_source_errors(diagnosis, built.errors, settings)
         present: set[str] | SourceError | None = None
         if names is not None:
+            # Rules done early: the names may still come within what is left of the deadline.
+            await asyncio.wait({names}, timeout=max(0.0, settings.deadline_s - (time.monotonic() - started)))
             if names.done():
                 present = names.result()
             else:
