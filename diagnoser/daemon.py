@@ -273,6 +273,7 @@ class Daemon:
             cooldown_s=self.config.cooldown_s,
             min_severity=Severity(self.config.notify_min_severity),
             notify=self.notifies,
+            silenced=[fingerprint(s) for s in diagnosis.coverage.silenced] if diagnosis.coverage else (),
         )
         _log_transitions(before, {fingerprint(f): f for f in self.state.active_findings()})
         self.runs += 1
