@@ -21,15 +21,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from diagnoser.config import Settings, load_settings
+from diagnoser.config import Settings, check_inputs, configured_sources, load_settings
+from diagnoser.deadline import remaining_deadline
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
 from diagnoser.ruleset import RuleSet
 from diagnoser.runner import ProbeRunner, load_ruleset, run_diagnosis
+from diagnoser.scope import ReportScope
 from diagnoser.timeparse import parse_instant
 
 __all__ = ["app", "main"]
@@ -38,7 +41,7 @@ app = typer.Typer(
     name="diagnose",
     help="Find why a service is slow or failing: the root cause, the evidence and a number to act on.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 rules_app = typer.Typer(help="List, lint and test rules.", no_args_is_help=True)
@@ -52,6 +55,24 @@ class OutputFormat(StrEnum):
     table = "table"
     json = "json"
     markdown = "markdown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from diagnoser import __version__
+
+        sys.stdout.write(f"diagnose {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Find why a service is slow or failing: the root cause, the evidence and a number to act on."""
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -76,6 +97,9 @@ def _settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
 
 
 def _rules(settings: Settings, extra_dirs: list[Path] | None = None) -> RuleSet:
+    for directory in extra_dirs or []:
+        if not directory.exists():
+            raise _fail(f"--rules: {directory} does not exist")
     if extra_dirs:
         settings = settings.model_copy(update={"rule_dirs": [*settings.rule_dirs, *extra_dirs]})
     try:
@@ -93,7 +117,11 @@ def now(
     config: ConfigOption = None,
     prometheus_url: PrometheusOption = None,
     at: Annotated[
-        str | None, typer.Option("--at", help="Evaluate as of this instant: RFC 3339 or unix seconds.")
+        str | None,
+        typer.Option(
+            "--at",
+            help="Evaluate as of this instant: RFC 3339 with a zone, unix seconds, or a time ago (-30m, 2h).",
+        ),
     ] = None,
     slo_p99_ms: Annotated[float | None, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms.")] = None,
     slo_error_ratio: Annotated[
@@ -117,7 +145,21 @@ def now(
     ] = False,
     namespace: Annotated[
         list[str] | None,
-        typer.Option("--namespace", "-n", help="Kubernetes namespace (repeatable; default all)."),
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Only this namespace (repeatable): Kubernetes reads, and findings by their namespace label.",
+        ),
+    ] = None,
+    severity: Annotated[
+        str | None,
+        typer.Option("--severity", help="Only rules and findings at this severity or above (e.g. warning)."),
+    ] = None,
+    cause: Annotated[
+        list[str] | None, typer.Option("--cause", help="Only rules of this cause (repeatable).")
+    ] = None,
+    rule: Annotated[
+        list[str] | None, typer.Option("--rule", help="Only this rule id or glob, 'pools/*' (repeatable).")
     ] = None,
     elasticsearch_url: Annotated[
         list[str] | None, typer.Option("--elasticsearch-url", help="Elasticsearch URL (repeatable).")
@@ -134,11 +176,14 @@ def now(
         float, typer.Option("--probe-duration", help="Seconds for --probe URL.")
     ] = 10.0,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show every evidence row; log details.")
-    ] = False,
+        int,
+        typer.Option(
+            "--verbose", "-v", count=True, help="-v: all evidence rows, diagnoser's log; -vv: libraries' too."
+        ),
+    ] = 0,
 ) -> None:
     """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr)
+    _configure_logging(verbose)
     overrides: dict[str, Any] = {}
     if prometheus_url:
         overrides.setdefault("prometheus", {})["url"] = prometheus_url
@@ -148,7 +193,10 @@ def now(
         overrides.setdefault("slo", {})["error_ratio"] = slo_error_ratio
     if deadline is not None:
         overrides["deadline_s"] = deadline
-    if kubeconfig or context or in_cluster or namespace:
+    if namespace:
+        # Scopes Kubernetes when it is configured; on its own it does not turn Kubernetes on.
+        overrides.setdefault("kubernetes", {})["namespaces"] = namespace
+    if kubeconfig or context or in_cluster:
         k8s: dict[str, Any] = overrides.setdefault("kubernetes", {})
         k8s["enabled"] = True
         if kubeconfig:
@@ -157,18 +205,23 @@ def now(
             k8s["context"] = context
         if in_cluster:
             k8s["in_cluster"] = True
-        if namespace:
-            k8s["namespaces"] = namespace
     if elasticsearch_url:
         overrides.setdefault("elasticsearch", {})["urls"] = elasticsearch_url
     if slowlog:
         overrides.setdefault("elasticsearch", {})["slowlog_paths"] = [str(p) for p in slowlog]
     settings = _settings(config, overrides)
+    _check_inputs(settings)
     try:
         instant = parse_instant(at) if at else datetime.now(UTC)
     except ValueError as exc:
         raise _fail(f"--at: {exc}") from exc
-    ruleset = _rules(settings, rules_dir)
+    try:
+        scope = ReportScope.from_flags(
+            severity=severity, causes=cause or [], rules=rule or [], namespaces=namespace or []
+        )
+        ruleset = scope.select(_rules(settings, rules_dir))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
     probe_runner = _probe_runner(probe, probe_rate, probe_duration, settings) if probe else None
     if (
         settings.prometheus.url is None
@@ -181,9 +234,66 @@ def now(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
             "--slowlog or --probe (or set them in --config)"
         )
-    diagnosis = asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
-    _print_diagnosis(diagnosis, output, verbose)
+    # The deadline counts from the command's start: start-up and rule loading spend it too.
+    settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
+    diagnosis = scope.apply(_diagnose_with_spinner(settings, ruleset, instant, probe_runner))
+    _print_diagnosis(diagnosis, output, verbose > 0)
     raise typer.Exit(diagnosis.exit_code)
+
+
+#: Client libraries whose INFO/WARNING chatter (urllib3 retries, elastic_transport node
+#: failures, httpx requests) repeats what the report already says; shown from -vv on.
+_LIBRARY_LOGGERS = (
+    "urllib3", "elastic_transport", "elasticsearch", "httpx", "httpcore", "kubernetes", "asyncio",
+    "aiohttp", "apscheduler", "py.warnings",
+)  # fmt: skip
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbosity >= 2 else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    logging.captureWarnings(True)  # library warnings.warn() calls go through logging too
+    if verbosity >= 1:
+        logging.getLogger("diagnoser").setLevel(logging.DEBUG)
+    if verbosity < 2:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _diagnose_with_spinner(
+    settings: Settings, ruleset: RuleSet, instant: datetime, probe_runner: ProbeRunner | None
+) -> Diagnosis:
+    """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
+    if not stderr.is_terminal:
+        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
+    sources = [name for name in configured_sources(settings) if name != "probe"]
+    if probe_runner is not None:
+        sources.append("probe")
+    evaluating = f"evaluating {len(ruleset)} rules against {', '.join(sources)}"
+    with stderr.status(evaluating if probe_runner is None else "probing the target") as status:
+        probe: ProbeRunner | None = None
+        if probe_runner is not None:
+            runner = probe_runner
+
+            async def probe() -> Any:
+                try:
+                    return await runner()
+                finally:
+                    status.update(evaluating)
+
+        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe))
+
+
+def _check_inputs(settings: Settings) -> None:
+    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load."""
+    try:
+        check_inputs(settings)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def _probe_runner(target: str, rate: float, duration: float, settings: Settings) -> ProbeRunner:
@@ -203,7 +313,7 @@ def _print_diagnosis(diagnosis: Diagnosis, output: OutputFormat, verbose: bool) 
     elif output is OutputFormat.markdown:
         sys.stdout.write(render_markdown(diagnosis) + "\n")
     else:
-        stdout.print(render_table(diagnosis, verbose=verbose))
+        stdout.print(render_table(diagnosis, verbose=verbose, width=stdout.width, links=stdout.is_terminal))
 
 
 @rules_app.command("list")
@@ -238,10 +348,23 @@ def rules_list(
         ]
         sys.stdout.write("\n".join(lines) + "\n")
     else:
-        table = Table("rule", "cause", "kind", "severity", "sources")
-        for r in rows:
-            table.add_row(r["id"], r["cause"], r["kind"], r["severity"], ", ".join(r["sources"]))
-        stdout.print(table)
+        # The id is what users copy into --rule, rule_params and tests: never cut it; the other
+        # columns wrap instead.
+        widest = max((len(r["id"]) for r in rows), default=4)
+        causes = [r["cause"] + (" (symptom)" if r["kind"] == "symptom" else "") for r in rows]
+        if stdout.width >= widest + max((len(c) for c in causes), default=5) + 36:
+            table = Table(box=box.SIMPLE, pad_edge=False)
+            table.add_column("rule", no_wrap=True)
+            table.add_column("cause", no_wrap=True)
+            table.add_column("severity", no_wrap=True)
+            table.add_column("sources", overflow="fold")
+            for r, cause in zip(rows, causes, strict=True):
+                table.add_row(r["id"], cause, r["severity"], ", ".join(r["sources"]))
+            stdout.print(table)
+        else:  # narrow: the id on a line of its own, the rest below it
+            for r, cause in zip(rows, causes, strict=True):
+                stdout.print(r["id"], style="bold", no_wrap=True, overflow="ignore", highlight=False)
+                stdout.print(f"    {cause} · {r['severity']} · {', '.join(r['sources'])}", highlight=False)
     raise typer.Exit(1 if ruleset.problems else 0)
 
 

@@ -26,7 +26,10 @@ Example file::
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +48,14 @@ __all__ = [
     "ProbeSettings",
     "PrometheusSettings",
     "Settings",
+    "Silence",
     "SlackSettings",
     "SloSettings",
+    "check_inputs",
+    "check_paths",
+    "configured_sources",
     "load_settings",
+    "parse_listen_address",
 ]
 
 DEFAULT_RUNBOOK_BASE_URL = "https://github.com/diagnoser/diagnoser/blob/main/rules/"
@@ -170,12 +178,52 @@ class DaemonSettings(_Section):
     probe_files: list[Path] = Field(default_factory=list)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
 
+    @field_validator("listen")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
     @field_validator("notify_min_severity")
     @classmethod
     def _known_severity(cls, value: str) -> str:
         if value not in ("critical", "warning", "info"):
             raise ValueError("must be one of critical, warning, info")
         return value
+
+
+class Silence(_Section):
+    """Findings to keep out of the report and notifications until ``until``, for a stated reason.
+
+    ``matchers`` compare with a finding's ``cause``, ``rule_id``, ``severity`` and labels
+    (``namespace``, ``job``, ``pool``...): every matcher must equal. A silenced finding is
+    listed in the report's coverage, never dropped without a trace.
+    """
+
+    matchers: dict[str, str] = Field(min_length=1)
+    until: datetime
+    comment: str = Field(min_length=1)
+
+    @field_validator("until")
+    @classmethod
+    def _zoned(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("needs a time zone, e.g. 2026-12-01T08:00:00Z")
+        return value
+
+
+def parse_listen_address(listen: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:8080``, ``0.0.0.0:8080``, ``:8080``) as a pair; ValueError otherwise."""
+    host, colon, port_text = listen.strip().rpartition(":")
+    if not colon or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{listen!r} is not host:port (e.g. 0.0.0.0:8080 or 127.0.0.1:9000)")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host):
+            raise ValueError(f"{listen!r}: {host!r} is neither an IP address nor a host name") from None
+    return host, int(port_text)
 
 
 class Settings(BaseSettings):
@@ -210,6 +258,8 @@ class Settings(BaseSettings):
     context_labels: dict[str, str] = Field(default_factory=dict)
     #: The range rules average and rate over (``${window}`` in their queries), a PromQL duration.
     window: str = "5m"
+    #: Known problems to keep quiet until a time, each with a comment (``diagnose now`` and ``serve``).
+    silences: list[Silence] = Field(default_factory=list)
 
     @field_validator("window")
     @classmethod
@@ -286,11 +336,72 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
             settings = _SettingsWithoutEnvironment(**merged)
     except ValidationError as exc:
         where = f"{path}: " if path else ""
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(_describe(err) for err in exc.errors())
         raise ConfigError(f"{where}invalid configuration: {problems}") from exc
     return settings
+
+
+def _describe(error: Any) -> str:
+    """One validation problem on one line; an unknown key gets the closest known one."""
+    loc = [str(p) for p in error["loc"]]
+    where = ".".join(loc) or "(root)"
+    if error["type"] != "extra_forbidden" or not loc:
+        return f"{where}: {str(error['msg']).removeprefix('Value error, ')}"
+    known = _known_keys(loc[:-1])
+    match = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    hint = f" (did you mean {'.'.join([*loc[:-1], match[0]])}?)" if match else ""
+    return f"{where}: unknown key{hint}"
+
+
+def _known_keys(parent: list[str]) -> list[str]:
+    model: Any = Settings
+    for name in parent:
+        info = getattr(model, "model_fields", {}).get(name)
+        if info is None:
+            return []
+        annotation = info.annotation
+        # ``X | None`` sections: look inside the union for the model.
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def configured_sources(settings: Settings) -> list[str]:
+    """The sources ``settings`` configures (the probe counts when the daemon has probe files)."""
+    sources = []
+    if settings.prometheus.url:
+        sources.append("prometheus")
+    if settings.kubernetes.enabled:
+        sources.append("kubernetes")
+    if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
+        sources.append("elasticsearch")
+    if settings.daemon.probe_files:
+        sources.append("probe")
+    return sources
+
+
+def check_paths(settings: Settings, *, daemon: bool = False) -> None:
+    """Raise :class:`ConfigError` naming every configured input path that does not exist.
+
+    A slow log directory that is not there would otherwise read as "no slow queries".
+    """
+    slowlogs = settings.elasticsearch.slowlog_paths
+    expected: list[tuple[str, Path | None]] = [
+        ("prometheus.ca_file", settings.prometheus.ca_file),
+        ("elasticsearch.ca_certs", settings.elasticsearch.ca_certs),
+        ("kubernetes.kubeconfig", settings.kubernetes.kubeconfig if settings.kubernetes.enabled else None),
+        *((f"elasticsearch.slowlog_paths[{i}]", p) for i, p in enumerate(slowlogs)),
+        *((f"rule_dirs[{i}]", p) for i, p in enumerate(settings.rule_dirs)),
+    ]
+    if daemon:
+        expected += [(f"daemon.probe_files[{i}]", p) for i, p in enumerate(settings.daemon.probe_files)]
+    missing = [
+        f"{key}: {path} does not exist" for key, path in expected if path and not path.expanduser().exists()
+    ]
+    if missing:
+        raise ConfigError("; ".join(missing))
 
 
 def _unwrap_secrets(value: Any) -> Any:
@@ -301,3 +412,13 @@ def _unwrap_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [_unwrap_secrets(v) for v in value]
     return value
+
+
+def check_inputs(settings: Settings, *, daemon: bool = False) -> None:
+    """:func:`check_paths`, then load the Kubernetes credentials once: a kubeconfig that does not
+    load is the user's configuration to fix (exit 2), not a source outage to report."""
+    check_paths(settings, daemon=daemon)
+    if settings.kubernetes.enabled:
+        from diagnoser.sources.kubernetes import KubernetesSource
+
+        KubernetesSource.from_settings(settings.kubernetes).close()

@@ -52,7 +52,7 @@ from diagnoser.notify.slack import (
 from diagnoser.notify.slack_sender import SlackSender, SlackSendError
 from diagnoser.ruleset import RuleSet
 from diagnoser.runner import BuiltSources, build_sources, load_ruleset, run_diagnosis
-from diagnoser.state import NotificationKind, OutboxEntry, StateStore
+from diagnoser.state import NotificationKind, OutboxEntry, StateStore, fingerprint
 
 __all__ = ["Daemon", "render_entry", "run_daemon"]
 
@@ -267,12 +267,15 @@ class Daemon:
         diagnosis = await self._diagnose()
         seconds = time.perf_counter() - started
         self.metrics.record_diagnosis(diagnosis, seconds, trigger="schedule")
+        before = {fingerprint(f): f for f in self.state.active_findings()}
         queued = self.state.reconcile(
             diagnosis,
             cooldown_s=self.config.cooldown_s,
             min_severity=Severity(self.config.notify_min_severity),
             notify=self.notifies,
+            silenced=[fingerprint(s) for s in diagnosis.coverage.silenced] if diagnosis.coverage else (),
         )
+        _log_transitions(before, {fingerprint(f): f for f in self.state.active_findings()})
         self.runs += 1
         self._last_diagnosis = time.monotonic()
         self.metrics.last_diagnosis.set(time.time())
@@ -413,6 +416,9 @@ class Daemon:
             return False, f"last diagnosis {age:.0f}s ago (bound {bound:g}s)"
         return True, f"ok: last diagnosis {age:.1f}s ago"
 
+    def active_findings(self) -> list[Finding]:
+        return self.state.active_findings() if self.state is not None else []
+
     def alertmanager_token(self) -> str | None:
         token = self.config.alertmanager_token
         return token.get_secret_value() if token is not None else None
@@ -440,6 +446,20 @@ class Daemon:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
         return scoped
+
+
+def _log_transitions(before: Mapping[str, Finding], after: Mapping[str, Finding]) -> None:
+    """One INFO line per finding that appeared or cleared: a daemon without Slack still tells."""
+    changes = [("new", f) for fp, f in after.items() if fp not in before]
+    changes += [("resolved", f) for fp, f in before.items() if fp not in after]
+    for change, finding in changes:
+        log.info(
+            "%s finding: %s: %s",
+            change,
+            finding.cause,
+            finding.summary,
+            extra={"cause": finding.cause, "rule_id": finding.rule_id, "severity": finding.severity.value},
+        )
 
 
 def _alert_name(payload: Mapping[str, Any]) -> str:

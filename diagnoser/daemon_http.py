@@ -6,7 +6,9 @@ standard library's ``http.server``) would mean crossing threads for every reques
 already a dependency of slack-sdk's asyncio clients.
 
 - ``GET /healthz``: 200 while the process serves requests.
-- ``GET /readyz``: 200 when the scheduler runs and the last diagnosis is recent enough.
+- ``GET /readyz``: 200 when the scheduler runs and the last diagnosis is recent enough; the
+  body adds the last diagnosis' coverage line (what was evaluated, without data, skipped).
+- ``GET /findings``: the active findings (what Slack was told about, or would have been) as JSON.
 - ``GET /metrics``: Prometheus text format (prometheus-client), see :class:`DaemonMetrics`.
 - ``POST /alertmanager``: Alertmanager's webhook JSON (version 4) with ``Authorization: Bearer
   <daemon.alertmanager_token>``; runs a diagnosis restricted to the alerts' labels (namespace,
@@ -146,6 +148,22 @@ class DaemonMetrics:
         )
         self.probe_latency = _ProbeLatencyCollector()
         r.register(self.probe_latency)
+        self.rule_coverage = Gauge(
+            "diagnoser_rules",
+            "Rules of the last scheduled diagnosis, by coverage status "
+            "(evaluated, no_data, skipped, error, silenced).",
+            ["status"],
+            registry=r,
+        )
+        self.source_coverage = Gauge(
+            "diagnoser_source_status",
+            "1 for each source's coverage status in the last scheduled diagnosis "
+            "(evaluated, no_data, skipped, error).",
+            ["source", "status"],
+            registry=r,
+        )
+        #: The last scheduled diagnosis' coverage line, for /readyz.
+        self.coverage_summary: str | None = None
 
     def record_diagnosis(self, diagnosis: Diagnosis, seconds: float, *, trigger: str) -> None:
         outcome = "source_errors" if diagnosis.errors else "ok"
@@ -162,6 +180,18 @@ class DaemonMetrics:
             self.findings.clear()
             for (cause, severity), count in counts.items():
                 self.findings.labels(cause, severity).set(count)
+            self._record_coverage(diagnosis)
+
+    def _record_coverage(self, diagnosis: Diagnosis) -> None:
+        coverage = diagnosis.coverage
+        if coverage is None:
+            return
+        self.coverage_summary = coverage.summary
+        for status in ("evaluated", "no_data", "skipped", "error", "silenced"):
+            self.rule_coverage.labels(status).set(coverage.counts.get(status, 0))
+        self.source_coverage.clear()
+        for source in coverage.sources:
+            self.source_coverage.labels(source.source, source.status).set(1)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -175,6 +205,8 @@ class DaemonView(Protocol):
     def readiness(self) -> tuple[bool, str]: ...
 
     def alertmanager_token(self) -> str | None: ...
+
+    def active_findings(self) -> list[Finding]: ...
 
     async def diagnose_for_alert(self, payload: Mapping[str, Any]) -> Diagnosis: ...
 
@@ -227,7 +259,13 @@ def build_app(daemon: DaemonView) -> web.Application:
 
     async def readyz(request: web.Request) -> web.Response:
         ready, reason = daemon.readiness()
-        return web.Response(status=200 if ready else 503, text=reason + "\n")
+        coverage = daemon.metrics.coverage_summary
+        text = reason + (f"\ncoverage: {coverage}" if coverage else "")
+        return web.Response(status=200 if ready else 503, text=text + "\n")
+
+    async def findings(request: web.Request) -> web.Response:
+        active = [finding.model_dump(mode="json") for finding in daemon.active_findings()]
+        return web.json_response({"findings": active})
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=daemon.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -262,5 +300,6 @@ def build_app(daemon: DaemonView) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/findings", findings)
     app.router.add_post("/alertmanager", alertmanager)
     return app

@@ -118,9 +118,14 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
     try:
         checks = [(where, query) for rule in ruleset for where, query, _ in _queries(rule, settings)]
         now = datetime.now(UTC)
+        # One question first: a Prometheus that cannot be reached (or is not one) is one problem,
+        # not one per query.
+        reachable = await source.query("vector(1)", now, share=False)
+        if isinstance(reachable, SourceError):
+            return [f"{reachable.message}: {len(checks)} queries not checked"]
         results = await asyncio.gather(*(source.query(query, now) for _, query in checks))
     finally:
-        source.close()
+        await source.aclose()
     return [
         f"{where}: {result.message}"
         for (where, _), result in zip(checks, results, strict=True)

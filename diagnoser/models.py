@@ -7,7 +7,7 @@ cause vocabulary are stable, sinks (console, Markdown, Slack) render them as pur
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -16,11 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 __all__ = [
     "CAUSES",
     "SYMPTOMS",
+    "Coverage",
+    "CoverageStatus",
     "Diagnosis",
     "Evidence",
     "Finding",
     "FindingKind",
+    "RuleCoverage",
     "Severity",
+    "SilencedFinding",
+    "SourceCoverage",
     "SourceError",
 ]
 
@@ -55,6 +60,7 @@ CAUSES: frozenset[str] = frozenset(
         "crash_loop",
         "pvc_pending",
         "es_fielddata_text",
+        "no_data",
     }
 )
 
@@ -98,6 +104,8 @@ class Evidence(BaseModel):
     convention: str | None = None
     #: What a reader must know about this measurement (``use time includes the wait``).
     caveat: str | None = None
+    #: The rule condition's name (``pending``, ``max``), or ``value`` for its first condition.
+    name: str | None = None
 
     @property
     def annotation(self) -> str:
@@ -147,6 +155,71 @@ class SourceError(BaseModel):
         return f"{self.source}: {self.message}"
 
 
+#: What happened to one rule (or one source) in a run.
+CoverageStatus = Literal["evaluated", "no_data", "skipped", "error", "silenced"]
+
+
+class RuleCoverage(BaseModel):
+    """One rule's part in a run: evaluated, without data (naming the metrics), skipped, error, silenced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule_id: str
+    source: str
+    status: CoverageStatus
+    #: Why it was skipped, the error, or the silence's comment.
+    reason: str | None = None
+    #: For ``no_data``: the metrics the rule needs, none of which exist at the instant.
+    missing_metrics: list[str] = Field(default_factory=list)
+
+
+class SourceCoverage(BaseModel):
+    """One source's part in a run, with how many of its rules ended in each status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    status: Literal["evaluated", "no_data", "skipped", "error"]
+    rules: dict[str, int] = Field(default_factory=dict)
+    reason: str | None = None
+
+
+class SilencedFinding(BaseModel):
+    """A finding a configured silence kept out of the report: listed, so never lost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule_id: str
+    cause: str
+    severity: Severity
+    summary: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    comment: str
+    until: datetime
+
+    @field_serializer("until")
+    def _rfc3339(self, value: datetime) -> str:
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Coverage(BaseModel):
+    """What a run looked at: the answer to "is no finding good news, or no data?"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Rules by status, e.g. ``{"evaluated": 22, "no_data": 9, "skipped": 4}``.
+    counts: dict[str, int] = Field(default_factory=dict)
+    summary: str = ""
+    sources: list[SourceCoverage] = Field(default_factory=list)
+    rules: list[RuleCoverage] = Field(default_factory=list)
+    #: False when the metric names could not be read: ``no_data`` was not assessed.
+    metrics_checked: bool = False
+    #: Findings that configured silences kept out of ``findings``, with each silence's comment.
+    silenced: list[SilencedFinding] = Field(default_factory=list)
+    #: Findings left out by the command's filters (--severity, --cause, --rule, --namespace).
+    filtered_out: int = 0
+
+
 class Diagnosis(BaseModel):
     """Everything one evaluation produced, findings ordered most important first."""
 
@@ -156,6 +229,7 @@ class Diagnosis(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     errors: list[SourceError] = Field(default_factory=list)
     probe: dict[str, Any] | None = None
+    coverage: Coverage | None = None
 
     @field_serializer("evaluated_at")
     def _rfc3339(self, value: datetime) -> str:

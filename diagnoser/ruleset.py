@@ -186,8 +186,8 @@ def load_rules(dirs: Iterable[Path], *, include_builtin: bool = True) -> RuleSet
         if not root.exists():
             ruleset.problems.append(RuleProblem(str(root), "-", "", "rule directory does not exist"))
             continue
-        files = [root] if root.is_file() else sorted(root.rglob("*.y*ml"))
-        base = root.parent if root.is_file() else root
+        files = [root.resolve()] if root.is_file() else sorted(root.rglob("*.y*ml"))
+        base = _rule_root_of(root) if root.is_file() else root
         for path in files:
             rule_id = path.relative_to(base).with_suffix("").as_posix()
             try:
@@ -197,6 +197,20 @@ def load_rules(dirs: Iterable[Path], *, include_builtin: bool = True) -> RuleSet
                 continue
             ruleset.rules[rule.id] = rule
     return ruleset
+
+
+def _rule_root_of(path: Path) -> Path:
+    """The rule directory a rule file named on its own belongs to, so its id is the same as when
+    its directory is given: ``rules/pools/orders-pool.yaml`` is ``pools/orders-pool`` either way.
+
+    That is the nearest ancestor called ``rules``, else the file's family directory's parent
+    (rules live at ``<rule dir>/<family>/<rule>.yaml``).
+    """
+    absolute = path.resolve()
+    for ancestor in absolute.parents:
+        if ancestor.name == "rules":
+            return ancestor
+    return absolute.parent.parent
 
 
 class _RuleFileInvalid(Exception):

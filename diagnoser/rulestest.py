@@ -250,7 +250,7 @@ async def _evaluate_all(planned: list[_PlannedGroup], url: str) -> list[CaseResu
             for test in plan.group.finding_tests:
                 results.append(await _run_case(plan, test, source))
         finally:
-            source.close()
+            await source.aclose()
     return results
 
 
@@ -262,7 +262,8 @@ async def _run_case(plan: _PlannedGroup, test: FindingTest, source: PrometheusSo
     elif test.rule in plan.rules.rules:
         selected = [plan.rules.rules[test.rule]]
     else:
-        result.problems.append(f"no rule {test.rule!r} in the rules under test")
+        loaded = ", ".join(sorted(plan.rules.rules)) or "none"
+        result.problems.append(f"no rule {test.rule!r} in the rules under test (loaded: {loaded})")
         return result
     diagnosis = await diagnose(selected, plan.settings, Sources(prometheus=source), at=at)
     result.problems.extend(f"source error: {e}" for e in diagnosis.errors)
@@ -286,6 +287,10 @@ def _compare(diagnosis: Diagnosis, test: FindingTest) -> list[str]:
             problems.append(
                 f"expected a finding with {expected.model_dump(exclude_none=True)}; got {_list(found)}"
             )
+            # Say which field failed, on the finding that came closest.
+            closest = min(unmatched, key=lambda f: len(_mismatches(f, expected)), default=None)
+            if closest is not None:
+                problems.extend(f"  {line}" for line in _mismatches(closest, expected))
         else:
             unmatched.remove(match)
     problems.extend(f"unexpected finding {_describe(f)}" for f in unmatched)
@@ -303,6 +308,28 @@ def _matches(finding: Finding, expected: ExpectedFinding) -> bool:
         expected.exp_recommendation_contains
         and expected.exp_recommendation_contains not in finding.recommendation
     )
+
+
+def _mismatches(finding: Finding, expected: ExpectedFinding) -> list[str]:
+    """Each expectation ``finding`` fails, naming the field compared and what it held."""
+    lines = [
+        f"exp_labels.{key}: expected {value!r}, got {finding.labels.get(key)!r}"
+        for key, value in expected.exp_labels.items()
+        if finding.labels.get(key) != value
+    ]
+    if expected.exp_severity and finding.severity.value != expected.exp_severity:
+        lines.append(f"exp_severity: expected {expected.exp_severity!r}, got {finding.severity.value!r}")
+    if expected.exp_summary_contains and expected.exp_summary_contains not in finding.summary:
+        lines.append(
+            f"exp_summary_contains: {expected.exp_summary_contains!r} not in summary {finding.summary!r}"
+        )
+    wanted = expected.exp_recommendation_contains
+    if wanted and wanted not in finding.recommendation:
+        lines.append(
+            f"exp_recommendation_contains: {expected.exp_recommendation_contains!r} not in "
+            f"recommendation {finding.recommendation!r}"
+        )
+    return lines
 
 
 def _describe(finding: Finding) -> str:

@@ -7,22 +7,26 @@ parse, a malformed URL) becomes an error entry like any other source failure.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from diagnoser.config import Settings
-from diagnoser.engine import diagnose
+from diagnoser.coverage import LOOKBACK_S, SOURCES, build_coverage, no_data_finding, summary_line
+from diagnoser.engine import RuleOutcome, attach_source_errors, diagnose, rank_findings
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.ruleset import RuleSet, load_rules
 from diagnoser.signals.catalogue import use_signal_files
+from diagnoser.silences import apply_silences
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis"]
+__all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis", "with_coverage"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,8 @@ class BuiltSources:
     async def aclose(self) -> None:
         """Close every source; some close synchronously, the Elasticsearch client asynchronously."""
         for source in (self.sources.prometheus, self.sources.elasticsearch, self.sources.kubernetes):
-            close = getattr(source, "close", None)
+            # Prefer the asynchronous close: it lets an HTTP client end its connections politely.
+            close = getattr(source, "aclose", None) or getattr(source, "close", None)
             if close is None:
                 continue
             try:
@@ -76,6 +81,49 @@ def build_sources(settings: Settings) -> BuiltSources:
     return built
 
 
+def with_coverage(
+    diagnosis: Diagnosis,
+    rules: RuleSet,
+    outcomes: list[RuleOutcome],
+    settings: Settings,
+    sources: Sources,
+    *,
+    present_metrics: set[str] | SourceError | None,
+) -> Diagnosis:
+    """``diagnosis`` with its coverage, plus a ``no_data`` finding when no rule had any data.
+
+    Configured silences apply here, so ``diagnose now`` and the daemon silence alike; what they
+    keep out of ``findings`` is listed in ``coverage.silenced``.
+    """
+    now = datetime.now(UTC)
+    kept, silenced = apply_silences(diagnosis.findings, settings.silences, now)
+    still_reported = {finding.rule_id for finding in kept}
+    fully_silenced = {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
+    configured = [
+        name
+        for name in SOURCES
+        if getattr(sources, name, None) is not None or any(e.source == name for e in diagnosis.errors)
+    ]
+    coverage = build_coverage(
+        rules,
+        outcomes,
+        settings,
+        configured=configured,
+        present_metrics=present_metrics,
+        silenced=fully_silenced,
+        source_errors=diagnosis.errors,
+        probe_finished=getattr(sources.probe, "finished", None),
+    )
+    empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
+    if empty is not None:
+        more_kept, more_silenced = apply_silences([empty], settings.silences, now)
+        kept += more_kept
+        silenced += more_silenced
+    coverage.silenced = silenced
+    coverage.summary = summary_line(coverage)
+    return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(kept)})
+
+
 def _optional_source(name: str, settings: Settings, errors: list[SourceError]) -> Any:
     try:
         if name == "elasticsearch":
@@ -110,14 +158,31 @@ async def run_diagnosis(
             except Exception as exc:  # a probe that cannot run is reported, the rest goes on
                 built.errors.append(SourceError(source="probe", message=f"probe did not run: {exc}"))
         built.sources.probe = probe_result
-        diagnosis = await diagnose(rules, settings, built.sources, at=at or datetime.now(UTC))
+        instant = at or datetime.now(UTC)
+        # Which metrics exist at the instant: asked alongside the rules, within their deadline.
+        names = (
+            asyncio.ensure_future(built.sources.prometheus.metric_names(instant, LOOKBACK_S))
+            if built.sources.prometheus is not None
+            else None
+        )
+        outcomes: list[RuleOutcome] = []
+        started = time.monotonic()
+        diagnosis = await diagnose(rules, settings, built.sources, at=instant, record=outcomes)
         if probe_result is not None and hasattr(probe_result, "model_dump"):
             diagnosis.probe = probe_result.model_dump(mode="json")
         if built.errors:
-            from diagnoser.engine import attach_source_errors
-
             diagnosis = attach_source_errors(diagnosis, built.errors, settings)
-        return diagnosis
+        present: set[str] | SourceError | None = None
+        if names is not None:
+            # Rules done early: the names may still come within what is left of the deadline.
+            await asyncio.wait({names}, timeout=max(0.0, settings.deadline_s - (time.monotonic() - started)))
+            if names.done():
+                present = names.result()
+            else:
+                names.cancel()
+        return with_coverage(
+            diagnosis, rules, outcomes, settings, built.sources, present_metrics=present
+        )
     finally:
         if owned:
             await built.aclose()

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from diagnoser.config import load_settings
+from diagnoser.config import check_inputs, configured_sources, load_settings
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.logs import configure_logging
 
@@ -68,6 +68,12 @@ def serve_command(
         overrides["daemon"] = daemon
     try:
         settings = load_settings(config, overrides=overrides or None)
+        check_inputs(settings, daemon=True)
+        if not configured_sources(settings):
+            raise ConfigError(
+                "no source configured: set prometheus.url, kubernetes, elasticsearch or "
+                "daemon.probe_files (or give --prometheus-url)"
+            )
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

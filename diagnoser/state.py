@@ -27,11 +27,11 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from diagnoser.models import Diagnosis, Finding, Severity
 
@@ -96,7 +96,20 @@ class OutboxEntry:
         return Finding.model_validate(raw) if raw is not None else None
 
 
-def fingerprint(finding: Finding) -> str:
+class _Identified(Protocol):
+    """What identifies a finding: a Finding, or a finding a silence kept out of a run."""
+
+    @property
+    def rule_id(self) -> str: ...
+
+    @property
+    def cause(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
+def fingerprint(finding: _Identified) -> str:
     """Stable identity of a finding across runs: rule, cause and its identifying labels.
 
     Measured values, titles and evidence change from run to run; they are not part of it.
@@ -147,6 +160,7 @@ class StateStore:
         min_severity: Severity = Severity.warning,
         notify: bool = True,
         now: float | None = None,
+        silenced: Iterable[str] = (),
     ) -> list[OutboxEntry]:
         """Update the active findings from ``diagnosis`` and queue what must be said; return it.
 
@@ -154,7 +168,8 @@ class StateStore:
         queueing anything, as if it had notified, so that it does not repeat the leader's
         messages once it takes over.
         A finding whose evidence came from a source that failed in this run is not resolved:
-        its absence says nothing about it.
+        its absence says nothing about it. Nor is one a silence keeps out of this run
+        (``silenced``: fingerprints): it is still there, only quiet.
         """
         now = time.time() if now is None else now
         failed_sources = {error.source for error in diagnosis.errors}
@@ -204,8 +219,9 @@ class StateStore:
                     if kind is NotificationKind.severity_changed:
                         payload["previous_severity"] = old_severity
                     queued.append((fp, kind, payload))
+            quiet = set(silenced)
             for fp, (_, _, _, stored) in active.items():
-                if fp in seen:
+                if fp in seen or fp in quiet:
                     continue
                 finding = Finding.model_validate_json(stored)
                 if failed_sources.intersection(e.source for e in finding.evidence):

@@ -30,7 +30,7 @@ of readings.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import math
 from datetime import timedelta
 from typing import Any, Literal
@@ -51,6 +51,7 @@ from diagnoser.elasticsearch.slowlog import (
 )
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
+from diagnoser.threads import run_blocking
 
 __all__ = ["EsParams", "es_check"]
 
@@ -297,8 +298,11 @@ async def _expensive_query(params: EsParams, ctx: CheckContext) -> CheckResult:
     if paths:
         queries.append("slow log files " + ", ".join(str(p) for p in paths))
         try:
-            # File reading is blocking and can take seconds on big logs: keep the event loop free.
-            await asyncio.to_thread(summarise_slowlog_files, paths, since=since, until=until, summary=summary)
+            # File reading is blocking and can take seconds on big logs: keep the event loop free,
+            # in a daemon thread the deadline can abandon (diagnoser.threads).
+            await run_blocking(
+                functools.partial(summarise_slowlog_files, paths, since=since, until=until, summary=summary)
+            )
         except OSError as exc:
             problems.append(f"cannot read slow log files: {exc}")
     if index:

@@ -1,80 +1,149 @@
 """The terminal view: what a tired engineer reads first at 3 a.m.
 
-One row per finding, most important first: severity, cause, a one-line summary carrying the
-measured value and threshold, what to do, and the runbook link. Source errors follow, so an
-incomplete diagnosis never looks like a clean one.
+One block per finding, most important first: number, severity and cause on the first line, then
+the summary (the measured value and threshold), the evidence as ``name=value (threshold)``, what
+to do, and the runbook. Blocks wrap to the terminal's width (80 columns included) with a hanging
+indent, and a URL is never folded: on a terminal the runbook is a short OSC-8 hyperlink; elsewhere
+it has a line of its own, and one too long for the width is given as the rule id with the
+runbook base printed once below. Source errors follow, then one coverage line, so an incomplete
+diagnosis never looks like a clean one.
 """
 
 from __future__ import annotations
 
-from rich import box
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.models import Diagnosis, Evidence, Finding, Severity
 
 __all__ = ["render_table"]
 
 _STYLE = {Severity.critical: "bold red", Severity.warning: "yellow", Severity.info: "cyan"}
+#: Characters of an evidence detail shown without ``-v``.
+_DETAIL_CHARS = 160
+#: Width assumed when none is given (the classic terminal).
+_DEFAULT_WIDTH = 80
+_INDENT = 4
+#: Width of the block's label column ("evidence", "do").
+_LABEL_WIDTH = len("evidence")
 
 
-def render_table(diagnosis: Diagnosis, *, verbose: bool = False) -> RenderableType:
-    """A rich renderable of ``diagnosis``; ``verbose`` adds every evidence row."""
+def render_table(
+    diagnosis: Diagnosis, *, verbose: bool = False, width: int | None = None, links: bool = False
+) -> RenderableType:
+    """A rich renderable of ``diagnosis`` for ``width`` columns.
+
+    ``verbose`` adds every evidence row with its labels and full details; ``links`` renders
+    runbooks as OSC-8 hyperlinks (for terminals that show them).
+    """
+    width = width or _DEFAULT_WIDTH
     parts: list[RenderableType] = []
     when = diagnosis.evaluated_at.strftime("%Y-%m-%d %H:%M:%SZ")
+    long_links: list[Finding] = []
     if not diagnosis.findings:
         parts.append(Text(f"No findings at {when}.", style="green"))
     else:
-        table = Table(
-            title=f"diagnosis at {when}",
-            box=box.SIMPLE_HEAVY,
-            show_lines=True,
-            expand=True,
-            title_justify="left",
-        )
-        table.add_column("#", justify="right", no_wrap=True)
-        table.add_column("severity", no_wrap=True)
-        table.add_column("cause", no_wrap=True)
-        table.add_column("what was measured", ratio=3, overflow="fold")
-        table.add_column("what to do", ratio=3, overflow="fold")
+        parts.append(Text(f"diagnosis at {when}", style="bold"))
         for index, finding in enumerate(diagnosis.findings, 1):
-            table.add_row(
-                str(index),
-                Text(finding.severity.value, style=_STYLE[finding.severity]),
-                Text(finding.cause + (" (symptom)" if finding.kind == "symptom" else ""), style="bold"),
-                _measured(finding, verbose),
-                _todo(finding),
-            )
-        parts.append(table)
+            parts.append(Text(""))
+            parts.append(_block(index, finding, verbose, width, links, long_links))
+    if long_links:
+        base = _common_base(long_links)
+        parts.append(Text(""))
+        parts.append(Text("runbooks: " + base + "<rule>.md", style="dim", no_wrap=True, overflow="ignore"))
     if diagnosis.errors:
-        errors = Table(title="sources that could not answer", box=box.SIMPLE, title_justify="left")
-        errors.add_column("source", no_wrap=True)
-        errors.add_column("error")
+        parts.append(Text(""))
+        parts.append(Text("sources that could not answer", style="bold"))
         for error in diagnosis.errors:
-            errors.add_row(Text(error.source, style="red"), error.message)
-        parts.append(errors)
+            line = Text("  ")
+            line.append(error.source, style="red")
+            line.append(f": {error.message}")
+            parts.append(line)
+    if diagnosis.coverage is not None:
+        # "No findings" is only worth as much as what was looked at: always say what that was.
+        parts.append(Text(""))
+        parts.append(Text(f"coverage: {diagnosis.coverage.summary}", style="dim"))
     return Group(*parts)
 
 
-def _measured(finding: Finding, verbose: bool) -> Text:
-    text = Text(finding.summary)
-    rows = finding.evidence if verbose else finding.evidence[:1]
-    for row in rows:
-        measured = ""
-        if row.value is not None:
-            measured = f"{row.value:.4g}"
-            if row.threshold is not None:
-                measured += f" vs {row.threshold:.4g}"
-        where = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
-        line = " ".join(part for part in (f"[{row.source}]", where, measured, row.annotation) if part)
-        text.append("\n" + line, style="dim")
-    return text
-
-
-def _todo(finding: Finding) -> Text:
-    text = Text(finding.recommendation)
+def _block(
+    index: int, finding: Finding, verbose: bool, width: int, links: bool, long_links: list[Finding]
+) -> RenderableType:
+    head = Text()
+    head.append(f"{index:>2}  ")
+    head.append(finding.severity.value, style=_STYLE[finding.severity])
+    head.append("  ")
+    head.append(finding.cause, style="bold")
+    if finding.kind == "symptom":
+        head.append(" (symptom)")
+    body = Table.grid(padding=(0, 1))
+    body.add_column(no_wrap=True, style="dim", min_width=_LABEL_WIDTH)
+    body.add_column(overflow="fold")
+    body.add_row("", Text(finding.summary))
+    lines = _evidence_lines(finding.evidence, verbose)
+    if lines and not verbose:
+        # Short measurements read best as one wrapped sentence: value=1 (0.95), pending=30 (0).
+        lines = [Text(", ").join(lines)]
+    for number, line in enumerate(lines):
+        body.add_row("" if number else "evidence", line)
+    if finding.recommendation:
+        body.add_row("do", Text(finding.recommendation))
+    rows: list[RenderableType] = [head, Padding(body, (0, 0, 0, _INDENT - 1))]
     if finding.runbook_url:
-        text.append("\nrunbook: ", style="dim")
-        text.append(finding.runbook_url, style=f"link {finding.runbook_url} underline")
+        rows.append(_runbook(finding, width, links, long_links))
+    return Group(*rows)
+
+
+def _runbook(finding: Finding, width: int, links: bool, long_links: list[Finding]) -> Text:
+    url = finding.runbook_url
+    # Aligned with the block's labelled rows: indent, label column, one space.
+    label = " " * (_INDENT - 1) + "runbook".ljust(_LABEL_WIDTH + 1)
+    text = Text(label, style="dim", no_wrap=True, overflow="ignore")
+    if links:
+        # A terminal shows a short word and opens the full URL: nothing to wrap.
+        text.append(finding.rule_id, style=f"link {url} underline")
+        return text
+    if len(text) + len(url) <= width:
+        text.append(url)
+        return text
+    # Too long for a line of its own at this width: never folded, the id instead.
+    long_links.append(finding)
+    text.append(finding.rule_id)
     return text
+
+
+def _common_base(findings: list[Finding]) -> str:
+    """The runbook base shared by ``findings`` (``<base><rule id>.md``)."""
+    first = findings[0]
+    suffix = f"{first.rule_id}.md"
+    return first.runbook_url.removesuffix(suffix) if first.runbook_url.endswith(suffix) else ""
+
+
+def _evidence_lines(evidence: list[Evidence], verbose: bool) -> list[Text]:
+    """``name=value (threshold)`` per evidence row; without ``verbose``, the first row per name."""
+    lines: list[Text] = []
+    seen: set[str] = set()
+    for row in evidence:
+        name = row.name or "value"
+        if not verbose and name in seen:
+            continue
+        seen.add(name)
+        text = Text()
+        if row.value is not None:
+            text.append(f"{name}={row.value:.4g}")
+            if row.threshold is not None:
+                text.append(f" ({row.threshold:.4g})")
+        # The convention that answered is for the verbose view; its caveat always shows.
+        detail = row.annotation if verbose else "; ".join(p for p in (row.detail, row.caveat) if p)
+        if detail:
+            if not verbose and len(detail) > _DETAIL_CHARS:
+                detail = detail[: _DETAIL_CHARS - 3] + "..."
+            text.append((" " if len(text) else "") + detail)
+        if verbose and row.labels:
+            where = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
+            text.append(f" [{row.source}: {where}]", style="dim")
+        if len(text):
+            lines.append(text)
+    return lines

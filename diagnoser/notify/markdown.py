@@ -11,6 +11,13 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _code(text: str) -> str:
+    """Inline code in a table cell: pipes escaped, backticks fenced by longer runs."""
+    flat = _cell(text)
+    fence = "``" if "`" in flat else "`"
+    return f"{fence}{flat}{fence}"
+
+
 def render_markdown(diagnosis: Diagnosis) -> str:
     """The diagnosis as a Markdown document: findings in rank order, evidence, source errors."""
     when = diagnosis.evaluated_at.strftime("%Y-%m-%d %H:%M:%SZ")
@@ -23,6 +30,8 @@ def render_markdown(diagnosis: Diagnosis) -> str:
         lines += ["## Sources that could not answer", "", "| source | error |", "|---|---|"]
         lines += [f"| {_cell(e.source)} | {_cell(e.message)} |" for e in diagnosis.errors]
         lines.append("")
+    if diagnosis.coverage is not None:
+        lines += [f"Coverage: {_cell(diagnosis.coverage.summary)}", ""]
     return "\n".join(lines)
 
 
@@ -39,13 +48,18 @@ def _finding(index: int, finding: Finding) -> list[str]:
     if finding.runbook_url:
         lines += [f"Runbook: [{finding.rule_id}]({finding.runbook_url})", ""]
     if finding.evidence:
-        lines += ["| source | labels | value | threshold | detail |", "|---|---|---|---|---|"]
+        lines += [
+            "| evidence | value | threshold | labels | source and query | detail |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in finding.evidence:
             labels = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
             value = "" if row.value is None else f"{row.value:.4g}"
             threshold = "" if row.threshold is None else f"{row.threshold:.4g}"
+            query = f"{row.source}: {_code(row.query)}" if row.query else row.source
             lines.append(
-                f"| {row.source} | {_cell(labels)} | {value} | {threshold} | {_cell(row.annotation)} |"
+                f"| {_cell(row.name or 'value')} | {value} | {threshold} | {_cell(labels)} | {query} "
+                f"| {_cell(row.annotation)} |"
             )
         lines.append("")
     return lines

@@ -10,7 +10,7 @@ A URL typed here is the user's explicit intent and needs no allowlist entry; a p
 host must be in ``probe.allowed_hosts``. While it runs, a progress line shows the achieved
 rate, the p99 of the last half second and the failures; Ctrl-C stops it cleanly and prints the
 partial report. Exit codes: 0 all answers good, 1 failures or an abort, 2 usage, configuration
-or safety refusal.
+or safety refusal, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from diagnoser.probe.result import ProbeResult
 from diagnoser.probe.runner import INTERRUPTED, ProbeRun
 from diagnoser.probe.spec import ProbeSpec, enforce_safety
 
-__all__ = ["ProbeOutput", "exit_code_for", "probe_command"]
+__all__ = ["INTERRUPTED_EXIT", "ProbeOutput", "exit_code_for", "probe_command"]
 
 
 class ProbeOutput(StrEnum):
@@ -45,9 +45,15 @@ class ProbeOutput(StrEnum):
     json = "json"
 
 
+#: Exit code after Ctrl-C, as shells report a process ended by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
+
+
 def exit_code_for(result: ProbeResult) -> int:
-    """0 when every answer was good; 1 on failures or a safety abort (a Ctrl-C alone is not one)."""
-    if result.failures.total or (result.aborted and result.abort_reason != INTERRUPTED):
+    """0 when every answer was good; 1 on failures or a safety abort; 130 after Ctrl-C."""
+    if result.aborted and result.abort_reason == INTERRUPTED:
+        return INTERRUPTED_EXIT
+    if result.failures.total or result.aborted:
         return 1
     return 0
 

@@ -88,19 +88,30 @@ def _phase_table(result: ProbeResult) -> Table:
 
 
 def _outcome_table(result: ProbeResult) -> Table:
+    """One row per answer status and per failure that is not a status: a 404 is counted once."""
     table = Table(title="Outcomes", title_justify="left")
     table.add_column("outcome")
     table.add_column("count", justify="right")
+    failures = result.failures.model_dump()
+    unexpected = {s: n for s, n in result.status_counts.items() if not str(s).startswith(("2", "3"))}
+    # Status failures are the statuses themselves when the numbers agree (the usual case: a
+    # non-2xx/3xx answer failed the status check); only then can the rows say so without a
+    # second row counting the same answers again.
+    status_rows_say_it = failures.get("status", 0) == sum(unexpected.values())
     for status, count in result.status_counts.items():
-        table.add_row(f"HTTP {status}", str(count))
-    for kind, count in result.failures.model_dump().items():
-        if count:
+        if status_rows_say_it and status in unexpected:
+            table.add_row(Text(f"HTTP {status} (failure: status)", style="red"), str(count))
+        else:
+            table.add_row(f"HTTP {status}", str(count))
+    for kind, count in failures.items():
+        if count and not (kind == "status" and status_rows_say_it):
             table.add_row(Text(f"failure: {kind}", style="red"), str(count))
     return table
 
 
 def _examples(result: ProbeResult) -> Text:
     text = Text("Sampled failures\n", style="bold")
+    lines: dict[str, int] = {}
     for example in result.examples:
         where = f"HTTP {example.status}" if example.status is not None else "no response"
         line = f"  {example.kind}: {where}"
@@ -110,7 +121,9 @@ def _examples(result: ProbeResult) -> Text:
             line += f", body {example.body!r}"
         if example.error:
             line += f" ({example.error})"
-        text.append(line + "\n")
+        lines[line] = lines.get(line, 0) + 1
+    for line, seen in lines.items():
+        text.append(line + (f" (x{seen})" if seen > 1 else "") + "\n")
     return text
 
 

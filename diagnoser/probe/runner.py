@@ -100,6 +100,7 @@ class ProbeRun:
         self._bodies = spec.request_bodies(base_dir)
         self._json_path = parse_json_path(spec.expect.json_path) if spec.expect.json_path else None
         self._stop = asyncio.Event()
+        self._stopped_early = False
         self._abort_reason: str | None = None
         #: In-flight requests and their deadlines; finished ones leave at once (no GC pressure).
         #: Ordered by send time, hence by deadline (one timeout for every request).
@@ -123,6 +124,10 @@ class ProbeRun:
         """End the run early; in-flight requests finish (up to their timeout), then the result is built."""
         if self._abort_reason is None:
             self._abort_reason = reason
+        if self._end is None:
+            # Only a stop before the schedule ended cuts the run short; one while the last
+            # answers drain (an error-ratio abort on a run already sent) leaves it complete.
+            self._stopped_early = True
         self._stop.set()
         if self._timer is not None:
             self._timer.interrupt()
@@ -394,8 +399,8 @@ class ProbeRun:
             target=self.spec.target,
             requested_rate=_mean_rate(self.spec),
             elapsed_s=elapsed,
-            aborted=self._stop.is_set(),
-            abort_reason=self._abort_reason if self._stop.is_set() else None,
+            aborted=self._stopped_early,
+            abort_reason=self._abort_reason if self._stopped_early else None,
             lag_limit_ms=SCHEDULE_LAG_LIMIT_MS,
         )
 

@@ -1,9 +1,11 @@
 """Read-only access to the Kubernetes API for the ``k8s`` checks.
 
-:class:`KubernetesSource` wraps the official ``kubernetes`` client. Its sync client runs in a
-small thread pool of the source's own (so a slow API server cannot starve the event loop or
-the other sources), with one timeout per HTTP call and no automatic retries: a check that
-failed once reports it rather than multiplying load on a struggling API server.
+:class:`KubernetesSource` wraps the official ``kubernetes`` client. Its sync calls run in daemon
+threads (:func:`diagnoser.threads.run_blocking`, at most ``max_concurrency`` at once), so a slow
+API server can neither starve the event loop nor hold the process open past the diagnosis'
+deadline: the engine cancels the waiting coroutine and the thread, if still blocked, dies with
+the process. One timeout per HTTP call and no automatic retries: a check that failed once reports
+it rather than multiplying load on a struggling API server.
 
 Lists are paged (``limit``/``continue``) and parsed with ``json.loads`` into plain dicts instead of
 the client's model objects, which is several times faster for thousands of pods or events.
@@ -28,7 +30,6 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from diagnoser.config import KubernetesSettings
 from diagnoser.errors import ConfigError
 from diagnoser.models import SourceError
 from diagnoser.sources.kubernetes_resources import RESOURCES, ResourceKind
+from diagnoser.threads import run_blocking
 
 __all__ = ["KubernetesSource", "ListResult", "ObjectResult"]
 
@@ -107,7 +109,8 @@ class KubernetesSource:
         self.page_size = page_size
         self.cache_ttl_s = cache_ttl_s
         self.identity = identity
-        self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="diagnoser-k8s")
+        self.max_concurrency = max_concurrency
+        self._limits: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._cache: dict[tuple[Any, ...], tuple[asyncio.AbstractEventLoop, float, asyncio.Future[Any]]] = {}
 
     @classmethod
@@ -133,7 +136,8 @@ class KubernetesSource:
                 identity = f"context {settings.context} of {where}" if settings.context else where
         except Exception as exc:  # the loaders raise ConfigException, OSError, YAML and key errors alike
             what = "in-cluster configuration" if settings.in_cluster else "kubeconfig"
-            raise ConfigError(f"kubernetes: cannot load {what}: {exc}") from exc
+            detail = " ".join(str(exc).split())  # YAML errors span lines; a config error is one
+            raise ConfigError(f"kubernetes: cannot load {what}: {detail}") from exc
         # urllib3 retries connection errors three times by default; one try per call, no more.
         configuration.retries = False
         return cls(
@@ -148,8 +152,14 @@ class KubernetesSource:
         return str(self._api.configuration.host)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._limits.clear()
         self._api.close()
+
+    def _limit(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        for stale in [known for known in self._limits if known.is_closed()]:
+            del self._limits[stale]
+        return self._limits.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
 
     async def list_objects(
         self,
@@ -232,7 +242,6 @@ class KubernetesSource:
         metadata_only: bool,
     ) -> ListResult:
         read = _Read("list", kind, namespace)
-        loop = asyncio.get_running_loop()
         items: list[dict[str, Any]] = []
         token: str | None = None
         for _ in range(_MAX_PAGES):
@@ -245,8 +254,8 @@ class KubernetesSource:
                 query.append(("fieldSelector", field_selector))
             accept = _METADATA_ONLY if metadata_only else "application/json"
             try:
-                page = await loop.run_in_executor(
-                    self._executor, self._fetch, kind.path(namespace), query, accept
+                page = await run_blocking(
+                    self._fetch, kind.path(namespace), query, accept, limit=self._limit()
                 )
             except Exception as exc:  # every client, socket and parse failure becomes data
                 return self._error(read, exc)
@@ -262,10 +271,9 @@ class KubernetesSource:
 
     async def _get(self, kind: ResourceKind, name: str, namespace: str | None) -> ObjectResult:
         read = _Read("get", kind, namespace, name)
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                self._executor, self._fetch, kind.path(namespace, name), [], "application/json"
+            return await run_blocking(
+                self._fetch, kind.path(namespace, name), [], "application/json", limit=self._limit()
             )
         except _HttpFailure as failure:
             status = _status_object(failure.body)

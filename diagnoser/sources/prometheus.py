@@ -1,33 +1,31 @@
-"""PromQL over HTTP (Prometheus, Thanos, Mimir, VictoriaMetrics) through prometheus-api-client.
+"""PromQL over HTTP (Prometheus, Thanos, Mimir, VictoriaMetrics) through an async ``httpx`` client.
 
-The client is synchronous (requests), so queries run in a bounded thread pool of this source's
-own; asyncio's default executor would cap concurrency at ``cpu + 4`` threads. Every query has
-its own timeout, passed both to requests (the socket) and to Prometheus (``timeout=``, so the
-server stops evaluating too). Nothing raises: any failure comes back as a
-:class:`~diagnoser.models.SourceError`. The client's retries are off: a diagnosis runs under one
-deadline, and backing off on a struggling Prometheus only adds load and delay.
+Every query is a native coroutine with its own timeout, sent both to the socket (httpx) and to
+Prometheus (``timeout=``, so the server stops evaluating too); the engine's deadline cancels it
+outright, so no thread outlives a diagnosis and the process exits when the report is printed.
+Nothing raises: every failure comes back as a :class:`~diagnoser.models.SourceError` whose
+message names one cause (a body is summarised by its status and content type, never dumped), so
+the same cause met by thirty rules collapses into one report entry. When the endpoint itself is
+unusable (refused, not a Prometheus API, credentials rejected) the source remembers it for a few
+seconds and answers further queries with the same error instead of asking again. There are no
+retries: a diagnosis runs under one deadline, and backing off on a struggling Prometheus only adds
+load and delay.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import json
 import math
 import re
+import ssl
+import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-import requests
-import urllib3
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
+import httpx
 
 from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
@@ -37,6 +35,12 @@ __all__ = ["PrometheusSource", "Sample", "rewrite_metric_names"]
 SOURCE = "prometheus"
 #: Answers kept for sharing between rules: about two diagnoses' worth of distinct queries.
 _SHARED_ANSWERS = 256
+#: How long an endpoint-level failure (refused, not Prometheus, unauthorised) answers for the
+#: endpoint without asking it again: one diagnosis' burst of queries, not the daemon's next run.
+_ENDPOINT_FAILURE_MEMORY_S = 5.0
+
+T = TypeVar("T")
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(frozen=True)
@@ -51,65 +55,117 @@ class Sample:
         return math.isfinite(self.value)
 
 
+class _EndpointFailure(Exception):
+    """The endpoint cannot serve any query (as opposed to one query failing)."""
+
+
+class _QueryFailure(Exception):
+    """This query failed; others may still succeed."""
+
+
 @dataclass
 class PrometheusSource:
-    """Instant queries against one PromQL endpoint.
+    """Instant queries and metric names against one PromQL endpoint.
 
     >>> source = PrometheusSource(PrometheusSettings(url="http://127.0.0.1:9090"))
     >>> samples = await source.query("up == 0", at=datetime.now(UTC))   # doctest: +SKIP
+    >>> await source.aclose()                                           # doctest: +SKIP
     """
 
     settings: PrometheusSettings
     metric_overrides: dict[str, str] = field(default_factory=dict)
-    _client: PrometheusConnect = field(init=False, repr=False)
-    _executor: ThreadPoolExecutor = field(init=False, repr=False)
-    _shared: OrderedDict[tuple[str, float, float], asyncio.Future[list[Sample] | SourceError]] = field(
+    _client: httpx.AsyncClient | None = field(init=False, repr=False, default=None)
+    _client_loop: asyncio.AbstractEventLoop | None = field(init=False, repr=False, default=None)
+    _semaphore: asyncio.Semaphore | None = field(init=False, repr=False, default=None)
+    _shared: OrderedDict[tuple[Any, ...], asyncio.Future[Any]] = field(
         init=False, repr=False, default_factory=OrderedDict
     )
-    _names: OrderedDict[tuple[str, float, float], asyncio.Future[set[str] | SourceError]] = field(
-        init=False, repr=False, default_factory=OrderedDict
-    )
+    _endpoint_failure: tuple[float, SourceError] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if not self.settings.url:
             raise ValueError("PrometheusSource needs a URL")
-        url = self.settings.url.rstrip("/")
-        session = requests.Session()
-        session.verify = str(self.settings.ca_file) if self.settings.ca_file else self.settings.verify_tls
-        headers = dict(self.settings.headers)
-        if self.settings.bearer_token is not None:
-            headers["Authorization"] = f"Bearer {self.settings.bearer_token.get_secret_value()}"
-        auth = None
-        if self.settings.basic_auth is not None:
-            auth = (self.settings.basic_auth.username, self.settings.basic_auth.password.get_secret_value())
-        self._client = PrometheusConnect(
-            url=url,
-            headers=headers or None,
-            disable_ssl=not self.settings.verify_tls,
-            auth=auth,
-            session=session,
-            timeout=self.settings.query_timeout_s,
-            retry=Retry(total=0, raise_on_status=False),
-        )
-        # The client mounts an adapter with requests' default pool of 10 connections; give it one
-        # connection per worker so concurrent queries never queue for a socket.
-        adapter = HTTPAdapter(
-            max_retries=Retry(total=0, raise_on_status=False),
-            pool_connections=1,
-            pool_maxsize=self.settings.max_concurrency,
-        )
-        session.mount(url, adapter)
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.settings.max_concurrency, thread_name_prefix="promql"
-        )
+        parsed = httpx.URL(self.settings.url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"{self.settings.url!r} is not an http(s) URL")
+        if self.settings.ca_file is not None and not self.settings.ca_file.is_file():
+            raise ValueError(f"ca_file {self.settings.ca_file} does not exist")
 
     @property
     def url(self) -> str:
-        return str(self.settings.url)
+        return str(self.settings.url).rstrip("/")
+
+    def _make_client(self) -> httpx.AsyncClient:
+        verify: ssl.SSLContext | bool = self.settings.verify_tls
+        if self.settings.ca_file is not None and self.settings.verify_tls:
+            verify = ssl.create_default_context(cafile=str(self.settings.ca_file))
+        headers = dict(self.settings.headers)
+        if self.settings.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {self.settings.bearer_token.get_secret_value()}"
+        auth: httpx.BasicAuth | None = None
+        if self.settings.basic_auth is not None:
+            auth = httpx.BasicAuth(
+                self.settings.basic_auth.username, self.settings.basic_auth.password.get_secret_value()
+            )
+        limits = httpx.Limits(
+            max_connections=self.settings.max_concurrency,
+            max_keepalive_connections=self.settings.max_concurrency,
+        )
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            auth=auth,
+            verify=verify,
+            limits=limits,
+            timeout=self.settings.query_timeout_s,
+            trust_env=False,
+            follow_redirects=False,
+        )
+
+    def _client_for_loop(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        # An httpx client's connections belong to the event loop that opened them; a source used
+        # from several asyncio.run() calls (tests, rule tests) gets a client per loop.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop or self._semaphore is None:
+            self._client = self._make_client()
+            self._client_loop = loop
+            self._semaphore = asyncio.Semaphore(self.settings.max_concurrency)
+        return self._client, self._semaphore
+
+    async def aclose(self) -> None:
+        """Cancel the queries nobody waits for any more, close the HTTP client (its pooled connections)."""
+        self._cancel_shared()
+        client, loop = self._client, self._client_loop
+        self._client = self._client_loop = self._semaphore = None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.aclose()
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+        """Forget the client; from a running loop, close it in the background.
+
+        Outside an event loop the loop the client belonged to is gone, and with it its
+        connections' transports, so there is nothing left to close politely.
+        """
+        self._cancel_shared()
+        client, loop = self._client, self._client_loop
+        self._client = self._client_loop = self._semaphore = None
+        if client is None or loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is loop:
+            closing = running.create_task(client.aclose())
+            _CLOSING.add(closing)  # a task nobody references may be collected before it runs
+            closing.add_done_callback(_CLOSING.discard)
+
+    def _cancel_shared(self) -> None:
+        # Shared answers outlive the rules that gave up on them (shield); closing ends them.
+        for future in self._shared.values():
+            if not future.done() and not future.get_loop().is_closed():
+                future.cancel()
+        self._shared.clear()
 
     def prepare(self, query: str) -> str:
         """The query as it will be sent: metric names renamed per config."""
@@ -126,106 +182,131 @@ class PrometheusSource:
         """
         timeout = timeout_s or self.settings.query_timeout_s
         prepared = self.prepare(query)
+        params = {"query": prepared, "time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
+
+        async def ask() -> list[Sample] | SourceError:
+            return await self._call("/api/v1/query", params, timeout, _samples_from, prepared)
+
         if not share:
-            return await self._query_once(prepared, at, timeout)
-        key = (prepared, at.timestamp(), timeout)
+            return await ask()
+        return await self._shared_call(("query", prepared, at.timestamp(), timeout), ask)
+
+    async def metric_names(self, at: datetime, lookback_s: float = 300.0) -> set[str] | SourceError:
+        """Names of the metrics with samples in ``[at - lookback_s, at]``, or a SourceError.
+
+        One ``GET /api/v1/label/__name__/values`` call, shared by every caller asking about the
+        same instant. Prometheus answers from the blocks overlapping the range, so a name can
+        appear whose samples are near but not inside it: a superset, never a subset.
+        """
+        start = at.timestamp() - lookback_s
+        params = {"start": f"{start:.3f}", "end": f"{at.timestamp():.3f}"}
+        timeout = self.settings.query_timeout_s
+
+        async def ask() -> set[str] | SourceError:
+            return await self._call("/api/v1/label/__name__/values", params, timeout, _names_from, None)
+
+        return await self._shared_call(("names", at.timestamp(), lookback_s), ask)
+
+    async def _shared_call(
+        self, key: tuple[Any, ...], ask: Callable[[], Awaitable[T]]
+    ) -> T:
+        loop = asyncio.get_running_loop()
         shared = self._shared.get(key)
-        if shared is None or shared.get_loop() is not asyncio.get_running_loop():
-            shared = asyncio.ensure_future(self._query_once(prepared, at, timeout))
+        if shared is None or shared.get_loop() is not loop:
+            shared = asyncio.ensure_future(ask())
             self._shared[key] = shared
             while len(self._shared) > _SHARED_ANSWERS:
                 self._shared.popitem(last=False)
         # shield: one rule giving up (deadline) must not cancel the answer other rules wait for.
-        return await asyncio.shield(shared)
+        result: T = await asyncio.shield(shared)
+        return result
 
-    async def _query_once(self, prepared: str, at: datetime, timeout_s: float) -> list[Sample] | SourceError:
+    async def _call(
+        self,
+        path: str,
+        params: dict[str, str],
+        timeout_s: float,
+        parse: Callable[[Any], T],
+        query: str | None,
+    ) -> T | SourceError:
         timeout = timeout_s
-        loop = asyncio.get_running_loop()
+        remembered = self._remembered_failure()
+        if remembered is not None:
+            return remembered
+        client, semaphore = self._client_for_loop()
         try:
-            return await asyncio.wait_for(
-                loop.run_in_executor(self._executor, self._query_blocking, prepared, at, timeout),
-                # A little slack over the socket timeout so the thread reports its own error first.
-                timeout=timeout + 1.0,
+            async with semaphore:
+                # Queued behind others: one of them may have found the endpoint unusable meanwhile.
+                remembered = self._remembered_failure()
+                if remembered is not None:
+                    return remembered
+                response = await client.get(path, params=params, timeout=timeout)
+            return parse(_api_data(response, self.url, query))
+        except _EndpointFailure as exc:
+            return self._remember(str(exc))
+        except _QueryFailure as exc:
+            return self._error(str(exc))
+        except httpx.TimeoutException:
+            # Queries in flight when the endpoint proved unusable fail of that, not of their own.
+            return self._remembered_failure() or self._error(
+                f"no answer within {timeout:g}s from {self.url}"
             )
-        except TimeoutError:
-            return self._error(f"no answer within {timeout:g}s from {self.url}")
-
-    async def metric_names(self, at: datetime, lookback_s: float = 300.0) -> set[str] | SourceError:
-        """Every metric name with a sample between ``at - lookback_s`` and ``at``: one call, shared.
-
-        The signal layer asks it once per evaluation instant to learn which naming conventions
-        the Prometheus holds.
-        """
-        key = (f"__name__ values over {lookback_s:g}s", at.timestamp(), self.settings.query_timeout_s)
-        shared = self._names.get(key)
-        if shared is None or shared.get_loop() is not asyncio.get_running_loop():
-            loop = asyncio.get_running_loop()
-            timeout = self.settings.query_timeout_s
-
-            async def fetch() -> set[str] | SourceError:
-                try:
-                    return await asyncio.wait_for(
-                        loop.run_in_executor(self._executor, self._names_blocking, at, lookback_s, timeout),
-                        timeout=timeout + 1.0,
-                    )
-                except TimeoutError:
-                    return self._error(f"no answer within {timeout:g}s from {self.url}")
-
-            shared = asyncio.ensure_future(fetch())
-            self._names[key] = shared
-            while len(self._names) > 16:
-                self._names.popitem(last=False)
-        return await asyncio.shield(shared)
-
-    def _names_blocking(self, at: datetime, lookback_s: float, timeout: float) -> set[str] | SourceError:
-        params = {"start": f"{at.timestamp() - lookback_s:.3f}", "end": f"{at.timestamp():.3f}"}
-        result = self._call(lambda: self._client.get_label_values("__name__", params=params), timeout, "")
-        if isinstance(result, SourceError):
-            return result
-        if not isinstance(result, list):
-            return self._error(f"unexpected label values from {self.url}: {type(result).__name__}")
-        return {str(name) for name in result}
-
-    def _query_blocking(self, query: str, at: datetime, timeout: float) -> list[Sample] | SourceError:
-        params = {"time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
-        result = self._call(
-            lambda: self._client.custom_query(query, params=params, timeout=timeout), timeout, query
-        )
-        if isinstance(result, SourceError):
-            return result
-        try:
-            return _samples_from(result)
+        except httpx.ConnectError as exc:
+            return self._remember(f"cannot connect to {self.url}: {_root_cause(exc)}")
+        except (httpx.HTTPError, ssl.SSLError, OSError) as exc:
+            return self._error(f"request to {self.url} failed: {_root_cause(exc)}")
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             return self._error(f"unexpected result shape from {self.url}: {exc}")
 
-    def _call(self, request: Callable[[], Any], timeout: float, query: str) -> Any:
-        """Run one blocking client call; any failure comes back as a SourceError."""
-        try:
-            return request()
-        except PrometheusApiClientException as exc:
-            where = f": {_short(query)}" if query else ""
-            return self._error(f"{_api_error_message(str(exc))}{where}")
-        except requests.JSONDecodeError as exc:
-            # 200 with a body that is not JSON: a login page, a proxy's error page, the wrong port.
-            return self._error(f"{self.url} did not answer like a Prometheus API (not JSON: {exc.msg})")
-        except requests.RequestException as exc:
-            if _timed_out(exc):
-                return self._error(f"no answer within {timeout:g}s from {self.url}")
-            if isinstance(exc, requests.ConnectionError):
-                return self._error(f"cannot connect to {self.url}: {_root_cause(exc)}")
-            return self._error(f"request to {self.url} failed: {_root_cause(exc)}")
-        except (ValueError, KeyError, TypeError) as exc:
-            # JSON, but not the API's envelope (no data.result).
-            return self._error(
-                f"{self.url} did not answer like a Prometheus API ({type(exc).__name__}: {exc})"
-            )
+    def _remembered_failure(self) -> SourceError | None:
+        if self._endpoint_failure is None:
+            return None
+        until, error = self._endpoint_failure
+        if time.monotonic() < until:
+            return error
+        self._endpoint_failure = None
+        return None
+
+    def _remember(self, message: str) -> SourceError:
+        error = self._error(message)
+        self._endpoint_failure = (time.monotonic() + _ENDPOINT_FAILURE_MEMORY_S, error)
+        return error
 
     def _error(self, message: str) -> SourceError:
         return SourceError(source=SOURCE, message=message)
 
 
-def _samples_from(result: Any) -> list[Sample]:
-    """Instant-query ``data.result`` as samples; handles vector and scalar result types."""
+def _api_data(response: httpx.Response, url: str, query: str | None) -> Any:
+    """The ``data`` of a Prometheus API envelope, or a failure naming one cause."""
+    content_type = response.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict) or payload.get("status") not in ("success", "error"):
+        # A login page, a proxy's error page, the wrong port: summarise, never dump the body.
+        raise _EndpointFailure(
+            f"{url} is not a Prometheus API: HTTP {response.status_code} {content_type}"
+        )
+    if payload["status"] == "success" and response.is_success:
+        return payload.get("data")
+    detail = str(payload.get("error") or payload.get("errorType") or "error")[:300]
+    status = response.status_code
+    if status in (401, 403):
+        raise _EndpointFailure(f"HTTP {status}: {detail} ({url})")
+    if status == 404:
+        raise _EndpointFailure(f"{url} is not a Prometheus API: HTTP 404: {detail}")
+    where = f": {_short(query)}" if query else ""
+    raise _QueryFailure(f"HTTP {status}: {detail}{where}")
+
+
+def _samples_from(data: Any) -> list[Sample]:
+    """Instant-query ``data`` as samples; handles vector and scalar result types."""
+    if not isinstance(data, dict):
+        raise TypeError(f"data is a {type(data).__name__}, expected an object")
+    result = data["result"]
+    if data.get("resultType") == "matrix":
+        raise ValueError("a range vector came back: rules must use instant vectors")
     if isinstance(result, list) and len(result) == 2 and not isinstance(result[0], dict):
         return [Sample(labels={}, value=float(result[1]))]  # scalar: [ts, "value"]
     if not isinstance(result, list):
@@ -239,45 +320,22 @@ def _samples_from(result: Any) -> list[Sample]:
     return samples
 
 
-_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.S)
-
-
-def _api_error_message(text: str) -> str:
-    """``HTTP 400: parse error ...`` from the client's ``HTTP Status Code 400 (b'{json}')``."""
-    match = _STATUS.search(text)
-    if not match:
-        return f"query failed: {text[:200]}"
-    status, raw = match.groups()
-    try:
-        body = ast.literal_eval(raw)
-        payload = json.loads(body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body))
-        detail = str(payload.get("error") or payload)
-    except (ValueError, SyntaxError, AttributeError, TypeError):
-        detail = raw[:200]
-    return f"HTTP {status}: {detail}"
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """True when a timeout is anywhere in the chain: requests reports read timeouts under
-    ``Retry(total=0)`` as a ConnectionError wrapping urllib3's ReadTimeoutError."""
-    seen: BaseException | None = exc
-    depth = 0
-    while seen is not None and depth < 10:
-        if isinstance(seen, urllib3.exceptions.NewConnectionError):
-            return False  # a refused connection; urllib3 derives it from ConnectTimeoutError
-        if isinstance(seen, requests.Timeout | TimeoutError | urllib3.exceptions.TimeoutError):
-            return True
-        reason = getattr(seen, "reason", None)
-        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
-        depth += 1
-    return False
+def _names_from(data: Any) -> set[str]:
+    if not isinstance(data, list):
+        raise TypeError(f"label values are a {type(data).__name__}, expected a list")
+    return {str(name) for name in data}
 
 
 def _root_cause(exc: BaseException) -> str:
     seen: BaseException = exc
-    while seen.__context__ is not None and seen.__context__ is not seen:
-        seen = seen.__context__
+    while True:
+        nested = seen.__cause__ or seen.__context__
+        if nested is None or nested is seen:
+            break
+        seen = nested
     text = str(seen) or type(seen).__name__
+    if "Connection refused" in text or isinstance(seen, ConnectionRefusedError):
+        return "connection refused"
     return text[:300]
 
 

@@ -248,7 +248,8 @@ def test_a_bad_config_or_a_taken_port_exits_2(tmp_path: Path) -> None:
     try:
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [*serve_argv(), "--listen", f"127.0.0.1:{port}", "--state", str(tmp_path / "s.sqlite3")],
+            [*serve_argv(), "--listen", f"127.0.0.1:{port}", "--state", str(tmp_path / "s.sqlite3"),
+             "--prometheus-url", "http://127.0.0.1:1"],
             capture_output=True, text=True, env=env, timeout=30, check=False,
         )
     finally:

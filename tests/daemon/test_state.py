@@ -134,3 +134,18 @@ def test_a_failed_reconcile_leaves_nothing_half_written(store: StateStore, monke
     assert store.pending_count() == 1
     # The decision is taken again, whole, on the next run.
     assert kinds(store.reconcile(diagnosis(finding(pool="b")), cooldown_s=600, now=3)) == ["new", "resolved"]
+
+
+def test_a_silenced_finding_stays_active_and_is_not_resolved(store: StateStore) -> None:
+    from diagnoser.config import Silence
+    from diagnoser.silences import apply_silences
+
+    store.reconcile(diagnosis(finding()), cooldown_s=60, now=1000)
+    silence = Silence(matchers={"pool": "orders-db"}, until=datetime(2099, 1, 1, tzinfo=UTC), comment="known")
+    kept, silenced = apply_silences([finding()], [silence], AT)
+    assert kept == [] and [s.comment for s in silenced] == ["known"]
+    quiet = [fingerprint(s) for s in silenced]
+    assert store.reconcile(diagnosis(*kept), cooldown_s=60, now=1010, silenced=quiet) == []
+    assert [f.rule_id for f in store.active_findings()] == ["pools/pool-exhaustion"]
+    # Without the silence it would have been resolved.
+    assert kinds(store.reconcile(diagnosis(), cooldown_s=60, now=1020)) == ["resolved"]

@@ -19,7 +19,7 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     )
     assert result.code == 1, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"evaluated_at", "findings", "errors", "probe"}
+    assert set(report) == {"evaluated_at", "findings", "errors", "probe", "coverage"}
     assert report["evaluated_at"] == incident_prometheus.at("35m")
     assert report["errors"] == []
     assert report["probe"] is None
@@ -31,7 +31,10 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     assert "from 10 to 50 connections" in first["recommendation"]
     assert first["runbook_url"].endswith("rules/pools/pool-exhaustion.md")
     evidence = first["evidence"][0]
-    assert set(evidence) == {"source", "query", "labels", "value", "threshold", "detail", "convention", "caveat"}
+    assert set(evidence) == {
+        "source", "query", "labels", "value", "threshold", "detail", "name", "convention", "caveat",
+    }  # fmt: skip
+    assert evidence["name"] == "value"
     assert evidence["source"] == "prometheus"
     assert evidence["convention"] == "otel-semconv"
     assert evidence["value"] == 1.0

@@ -8,22 +8,46 @@ The services are the ones the recordings in tests/fixtures/expositions came from
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sys
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
 from diagnoser.local_prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.fixtures.pool_services.record import Load, free_port, process, redis_server, wait_http
-
-SERVICES = Path(__file__).resolve().parents[1] / "fixtures" / "pool_services"
+from tests.fixtures.pool_services.launch import pool_service, redis_server
 
 pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def _load(url: str, clients: int) -> Iterator[None]:
+    """``clients`` threads requesting ``url`` back to back until the block ends (bounded by it)."""
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(url, timeout=10):
+                    pass
+            except (urllib.error.URLError, OSError):
+                pass
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=15)
 
 
 def _wait_for(url: str, promql: str, timeout: float = 40.0) -> None:
@@ -37,11 +61,12 @@ def _wait_for(url: str, promql: str, timeout: float = 40.0) -> None:
     raise TimeoutError(f"no result for {promql} within {timeout}s")
 
 
-def _diagnose_under_load(service_port: int, load_url: str, threads: int, pool_series: str) -> dict[str, object]:
+def _diagnose_under_load(service_url: str, load_url: str, threads: int, pool_series: str) -> dict[str, object]:
     """Drive the service past its pool, let Prometheus see 15 s of it, diagnose over a 10 s window."""
-    with LocalPrometheus(scrape_targets=[f"127.0.0.1:{service_port}"], scrape_interval="1s") as prometheus:
+    target = service_url.removeprefix("http://")
+    with LocalPrometheus(scrape_targets=[target], scrape_interval="1s") as prometheus:
         _wait_for(prometheus.url, "up == 1")
-        with Load(load_url, threads, 0.0):
+        with _load(load_url, threads):
             _wait_for(prometheus.url, pool_series)  # a pool opens its connections on first use
             time.sleep(15)
             result = run_cli(
@@ -66,12 +91,9 @@ def _the_pool_finding(report: dict[str, object]) -> dict[str, object]:
 
 
 def test_sqlalchemy_pool_exhaustion_is_found_with_its_size_inferred() -> None:
-    port = free_port()
-    service = [sys.executable, str(SERVICES / "sqlalchemy_orders.py"), "--port", str(port), "--pool-size", "5"]
-    with process(*service, cwd=SERVICES):
-        wait_http(f"http://127.0.0.1:{port}/metrics")
+    with pool_service("sqlalchemy_orders.py", "--pool-size", "5") as url:
         report = _diagnose_under_load(
-            port, f"http://127.0.0.1:{port}/orders?hold_s=0.3", 20, 'db_client_connections_usage_connections{state="used"}'
+            url, f"{url}/orders?hold_s=0.3", 20, 'db_client_connections_usage_connections{state="used"}'
         )
     finding = _the_pool_finding(report)
     assert finding["rule_id"] == "pools/pool-exhaustion-inferred"
@@ -84,18 +106,13 @@ def test_sqlalchemy_pool_exhaustion_is_found_with_its_size_inferred() -> None:
 
 
 def test_redis_py_pool_exhaustion_is_found_with_its_size_inferred() -> None:
-    with redis_server() as redis_port:
-        port = free_port()
-        service = [
-            sys.executable, str(SERVICES / "redis_py_features.py"), "--port", str(port),
-            "--redis-port", str(redis_port), "--max-connections", "10",
-        ]  # fmt: skip
-        with process(*service, cwd=SERVICES):
-            wait_http(f"http://127.0.0.1:{port}/metrics")
-            report = _diagnose_under_load(
-                port, f"http://127.0.0.1:{port}/features?hold_s=0.5", 40,
-                'db_client_connection_count{db_client_connection_state="used"}',
-            )  # fmt: skip
+    with (
+        redis_server() as redis_port,
+        pool_service("redis_py_features.py", "--redis-port", str(redis_port), "--max-connections", "10") as url,
+    ):
+        report = _diagnose_under_load(
+            url, f"{url}/features?hold_s=0.5", 40, 'db_client_connection_count{db_client_connection_state="used"}'
+        )
     finding = _the_pool_finding(report)
     assert finding["rule_id"] == "pools/pool-exhaustion-inferred"
     assert "all 10 connections lent out" in str(finding["summary"])

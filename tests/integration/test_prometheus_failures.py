@@ -20,15 +20,19 @@ class _Behaviour(BaseHTTPRequestHandler):
     mode = "slow"
 
     def do_GET(self) -> None:
+        status = 200
         if self.mode == "slow":
             time.sleep(5)
             body, kind = b'{"status":"success","data":{"resultType":"vector","result":[]}}', "application/json"
+        elif self.mode == "html404":  # a web server that is not Prometheus (nginx's own 404 page)
+            status = 404
+            body, kind = b"<html><head><title>404 Not Found</title></head><body>nginx</body></html>", "text/html"
         elif self.mode == "garbage":
             body, kind = b"<html><body>Sign in to continue</body></html>", "text/html"
         else:  # "broken_json": a 200 that says JSON and is not a Prometheus answer
             body, kind = b'{"hello": "world"}', "application/json"
         try:
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -40,7 +44,7 @@ class _Behaviour(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(params=["slow", "garbage", "broken_json"])
+@pytest.fixture(params=["slow", "html404", "garbage", "broken_json"])
 def misbehaving_prometheus(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     handler = type("Handler", (_Behaviour,), {"mode": request.param})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -96,10 +100,13 @@ def test_prometheus_slow_garbage_or_not_prometheus(misbehaving_prometheus: tuple
     messages = " ".join(e["message"] for e in errors)
     expected = {
         "slow": "no answer within 1s",
-        "garbage": "did not answer like a Prometheus API",
-        "broken_json": "did not answer like a Prometheus API",
+        "html404": f"{url} is not a Prometheus API: HTTP 404 text/html",
+        "garbage": f"{url} is not a Prometheus API: HTTP 200 text/html",
+        "broken_json": f"{url} is not a Prometheus API: HTTP 200 application/json",
     }[mode]
     assert expected in messages
+    assert len(errors) == 1, errors  # one cause, one entry
+    assert "Sign in" not in result.stdout and "nginx" not in result.stdout  # bodies are summarised, never dumped
     # Process start-up plus the 4 s deadline: the run does not wait for the 5 s server.
     assert elapsed < 4 + 4
 
@@ -143,3 +150,13 @@ def test_a_port_that_accepts_and_never_answers_is_bounded(tmp_path: Path) -> Non
         assert "source_unavailable" in [f["cause"] for f in _report(result.stdout)["findings"]]  # type: ignore[union-attr]
     finally:
         listener.close()
+
+
+def test_rules_lint_stops_at_an_unreachable_prometheus() -> None:
+    port = free_port()  # nothing listens here
+    result = run_cli("rules", "lint", "--prometheus-url", f"http://127.0.0.1:{port}")
+    assert result.code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("query error")]
+    assert len(lines) == 1, result.stderr
+    assert f"cannot connect to http://127.0.0.1:{port}: connection refused" in lines[0]
+    assert "queries not checked" in lines[0]

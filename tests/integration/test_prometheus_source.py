@@ -63,3 +63,23 @@ def test_metric_overrides_rename_what_is_sent(incident_prometheus: IncidentProme
 )
 def test_rewrite_metric_names(promql: str, overrides: dict[str, str], expected: str) -> None:
     assert rewrite_metric_names(promql, overrides) == expected
+
+
+def test_metric_names_at_an_instant(incident_prometheus: IncidentPrometheus) -> None:
+    source = PrometheusSource(PrometheusSettings(url=incident_prometheus.url))
+    during = datetime.fromtimestamp(incident_prometheus.start_s + 35 * 60, UTC)
+    long_before = datetime.fromtimestamp(incident_prometheus.start_s - 30 * 86400, UTC)
+
+    async def ask() -> tuple[object, object, object]:
+        try:
+            first, again = await asyncio.gather(source.metric_names(during), source.metric_names(during))
+            return first, again, await source.metric_names(long_before)
+        finally:
+            await source.aclose()
+
+    names, shared, before = asyncio.run(ask())
+    assert isinstance(names, set)
+    assert "db_client_connection_max" in names
+    assert "http_server_request_duration_seconds_bucket" in names
+    assert shared is names  # one call per instant, shared
+    assert before == set()

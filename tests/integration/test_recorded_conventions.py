@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 LEAD_IN_S = 900
 INCIDENT_S = 600
 DAY = 86_400
-START_S = 1_795_000_000
+START_S = 1_790_000_000
 
 
 @dataclass(frozen=True)

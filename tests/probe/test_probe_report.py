@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
 from rich.console import Console
 
 from diagnoser.probe.cli import exit_code_for
@@ -68,6 +74,69 @@ def test_exit_codes() -> None:
     assert exit_code_for(clean) == 0
     assert (
         exit_code_for(clean.model_copy(update={"aborted": True, "abort_reason": "interrupted by the user"}))
-        == 0
+        == 130
     )
     assert exit_code_for(clean.model_copy(update={"aborted": True, "abort_reason": "error ratio 90%"})) == 1
+
+
+def test_a_404_is_counted_once_and_a_complete_run_is_not_stopped_early(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>not found</html>"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # Every answer fails: the error-ratio abort can fire while the last answers drain, after
+        # the whole schedule was sent; that run is complete, not stopped early.
+        result = run_cli("probe", f"http://127.0.0.1:{server.server_address[1]}/x", "--rate", "3", "--duration", "2")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.code == 1
+    assert "stopped early" not in result.stdout
+    assert "HTTP 404 (failure: status)" in result.stdout
+    assert "failure: status " not in result.stdout.replace("(failure: status)", "")
+    assert "(x6)" in result.stdout or "(x3)" in result.stdout  # identical samples shown once
+
+
+def test_an_abort_while_the_last_answers_drain_is_not_stopped_early(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    class SlowUnavailable(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(1.5)  # every answer arrives after the whole 1 s schedule was sent
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowUnavailable)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "c.yaml"
+    config.write_text("probe: {abort_window_s: 1}\n")  # 10 req/s: the abort needs 5 answers
+    try:
+        result = run_cli(
+            "probe", f"http://127.0.0.1:{server.server_address[1]}/", "--rate", "10", "--duration", "1",
+            "--config", str(config), "--format", "json",
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    data = json.loads(result.stdout)
+    assert data["sent"] == 10
+    assert data["aborted"] is False and data["abort_reason"] is None
+    assert result.code == 1  # the failures still count

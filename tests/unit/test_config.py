@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -61,14 +63,28 @@ def test_missing_config_file(tmp_path: Path) -> None:
         ("2026-11-29T21:00:00+01:00", 1795982400),
         ("1795982400", 1795982400),
         ("1795982400.5", 1795982400.5),
-        ("2026-11-29T20:00:00", 1795982400),
+        ("-30m", 1795982400 + 86400 - 1800),
+        ("2h", 1795982400 + 86400 - 7200),
+        ("1h30m", 1795982400 + 86400 - 5400),
     ],
 )
 def test_parse_instant(text: str, epoch: float) -> None:
-    assert parse_instant(text).timestamp() == epoch
+    now = datetime.fromtimestamp(1795982400 + 86400, UTC)
+    assert parse_instant(text, now=now).timestamp() == epoch
 
 
-@pytest.mark.parametrize("text", ["yesterday", "2026-13-01T00:00:00Z", "1e400"])
-def test_parse_instant_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_instant(text)
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("yesterday", "neither RFC 3339"),
+        ("2026-13-01T00:00:00Z", "neither RFC 3339"),
+        ("1e400", "out of range"),
+        ("2026-11-29T20:00:00", "has no time zone: add Z for UTC (2026-11-29T20:00:00Z)"),
+        ("2026-12-01T00:00:00Z", "is in the future"),
+        ("+5m", "is in the future"),
+    ],
+)
+def test_parse_instant_rejects(text: str, says: str) -> None:
+    now = datetime.fromtimestamp(1795982400 + 86400, UTC)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_instant(text, now=now)

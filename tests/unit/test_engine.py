@@ -84,8 +84,8 @@ def test_one_deadline_for_all_rules(tmp_path: Path) -> None:
     findings, errors, elapsed = run(tmp_path, deadline=0.5)
     assert elapsed < 2.0
     assert [f.rule_id for f in findings if f.cause != "source_unavailable"] == ["fast/r"]
-    assert len(errors) == 20
-    assert all("deadline" in e.message for e in errors)
+    # One cause, one entry: the rules it cut short are counted, not listed one by one.
+    assert [e.message for e in errors] == ["no answer before the diagnosis deadline (20 rules affected)"]
 
 
 def test_source_errors_collapse_and_become_one_source_unavailable_finding(tmp_path: Path) -> None:
