@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diagnoser.models import Diagnosis, Finding
+from diagnoser.redact import scrub_text
 
 __all__ = ["render_markdown"]
 
@@ -23,7 +24,7 @@ def render_markdown(diagnosis: Diagnosis) -> str:
         lines += ["## Sources that could not answer", "", "| source | error |", "|---|---|"]
         lines += [f"| {_cell(e.source)} | {_cell(e.message)} |" for e in diagnosis.errors]
         lines.append("")
-    return "\n".join(lines)
+    return scrub_text("\n".join(lines))
 
 
 def _finding(index: int, finding: Finding) -> list[str]:

@@ -31,6 +31,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from diagnoser.config import SlackSettings
 from diagnoser.errors import DiagnoserError
 from diagnoser.notify.slack import SlackMessage
+from diagnoser.redact import redact_url, scrub
 
 __all__ = ["SlackDelivery", "SlackSendError", "SlackSender"]
 
@@ -103,11 +104,13 @@ class SlackSender:
     def target(self) -> str:
         """Where messages go, fit to print (never the token or the webhook's secret path)."""
         if self._web is not None:
-            return f"channel {self.settings.channel} via {self.settings.base_url}"
+            return f"channel {self.settings.channel} via {redact_url(self.settings.base_url)}"
         return "an incoming webhook"
 
     async def post(self, message: SlackMessage, *, thread_ts: str | None = None) -> SlackDelivery:
         """Post ``message`` (into ``thread_ts``'s thread when given and possible)."""
+        # Last line of defence: a source error or label quoting a URL with credentials.
+        message = SlackMessage(scrub(message.text), scrub(message.blocks))
         try:
             if self._web is not None:
                 return await self._post_web(message, thread_ts)

@@ -30,6 +30,7 @@ from urllib3.util.retry import Retry
 
 from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
+from diagnoser.redact import redact_url, scrub_text
 
 __all__ = ["PrometheusSource", "Sample", "rewrite_metric_names"]
 
@@ -101,7 +102,8 @@ class PrometheusSource:
 
     @property
     def url(self) -> str:
-        return str(self.settings.url)
+        """The endpoint fit to print: credentials in it replaced by ``***``."""
+        return redact_url(str(self.settings.url))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -172,7 +174,7 @@ class PrometheusSource:
             return self._error(f"unexpected result shape from {self.url}: {exc}")
 
     def _error(self, message: str) -> SourceError:
-        return SourceError(source=SOURCE, message=message)
+        return SourceError(source=SOURCE, message=scrub_text(message))
 
 
 def _samples_from(result: Any) -> list[Sample]:
