@@ -125,8 +125,17 @@ class SlackSettings(_Section):
     base_url: str = "https://slack.com/api/"
     #: Seconds per HTTP call to Slack (or a Slack-compatible endpoint such as Mattermost).
     timeout_s: float = Field(default=10.0, gt=0)
-    #: Retries of one message after a 429, each after the Retry-After the server asked for.
+    #: Not used any more (a 429 now reschedules the message after its Retry-After instead of
+    #: waiting inside the call); still accepted so that existing config files load.
     rate_limit_retries: int = Field(default=2, ge=0, le=10)
+    #: First wait after a failed delivery; it doubles with each failure (with jitter) up to
+    #: ``retry_max_s``. A 429's Retry-After replaces it.
+    retry_base_s: float = Field(default=2.0, gt=0)
+    retry_max_s: float = Field(default=300.0, gt=0)
+    #: A post whose answer never came is looked for in the channel (by its marker) and posted
+    #: again only when it is still absent this long after it was sent: a request Slack is
+    #: still processing must not become a second message.
+    in_doubt_settle_s: float = Field(default=60.0, ge=0)
 
 
 class LeaderElectionSettings(_Section):

@@ -8,8 +8,10 @@ merged into one (``coalesce``) and dropped when too late (``misfire_grace_time``
   the latest probe result; the result goes through the :class:`~diagnoser.state.StateStore`
   (new, repeat after cooldown, severity change, resolved) and what must be said is queued;
 - *probe*: each configured probe definition (``probes/*.yaml``), its latency into ``/metrics``;
-- *outbox*: delivers queued notifications to Slack in order, and keeps them while Slack is
-  unreachable (also run right after each diagnosis);
+- *outbox*: delivers queued notifications to Slack in order (:mod:`diagnoser.notify.delivery`:
+  Retry-After and backoff by rescheduling, in-doubt posts looked for before a second post,
+  refused ones dead-lettered), and keeps them while Slack is unreachable; woken up right after
+  a diagnosis queues something, which never waits for Slack;
 - *leader*: renews or contends for the Kubernetes Lease; only the leader queues and delivers.
 
 On SIGTERM or SIGINT the scheduler stops starting jobs, in-flight runs get
@@ -39,8 +41,10 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from diagnoser.config import Settings
 from diagnoser.daemon_http import DaemonMetrics, alert_scopes, build_app, finding_in_scope
+from diagnoser.errors import StateError
 from diagnoser.leader import LeaderElector, SoleLeader, elector_for
 from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.notify.delivery import OutboxDelivery
 from diagnoser.notify.slack import (
     SlackMessage,
     render_alert_report,
@@ -49,7 +53,7 @@ from diagnoser.notify.slack import (
     render_resolved,
     render_severity_change,
 )
-from diagnoser.notify.slack_sender import SlackSender, SlackSendError
+from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.ruleset import RuleSet
 from diagnoser.runner import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.state import NotificationKind, OutboxEntry, StateStore
@@ -114,6 +118,8 @@ class Daemon:
         self._runner: web.AppRunner | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._flush_lock = asyncio.Lock()
+        self._flush_again = False
+        self.delivery: OutboxDelivery | None = None
         self._alert_lock = asyncio.Lock()
         self._last_diagnosis: float | None = None
         self._probe_results: dict[str, tuple[float, Any]] = {}
@@ -132,6 +138,10 @@ class Daemon:
         self.sources = build_sources(self.settings)
         if self.sender is None:
             self.sender = SlackSender.from_settings(self.settings.slack)
+        if self.sender is not None:
+            self.delivery = OutboxDelivery(
+                self.state, self.sender, self.metrics, render_entry, self.settings.slack
+            )
         if self.elector is None:
             self.elector = elector_for(self.settings.kubernetes, cfg.leader_election)
         await self._elect()
@@ -163,7 +173,11 @@ class Daemon:
                 **common,
             )
         self.scheduler.add_job(
-            self._job(self.flush_outbox), id="outbox", seconds=cfg.outbox_retry_s, **common
+            self._job(self.flush_outbox),
+            id="outbox",
+            seconds=cfg.outbox_retry_s,
+            next_run_time=now,  # what an earlier life of the daemon left queued goes out at once
+            **common,
         )
         if not isinstance(self.elector, SoleLeader):
             self.scheduler.add_job(
@@ -267,16 +281,21 @@ class Daemon:
         diagnosis = await self._diagnose()
         seconds = time.perf_counter() - started
         self.metrics.record_diagnosis(diagnosis, seconds, trigger="schedule")
-        queued = self.state.reconcile(
-            diagnosis,
-            cooldown_s=self.config.cooldown_s,
-            min_severity=Severity(self.config.notify_min_severity),
-            notify=self.notifies,
-        )
         self.runs += 1
         self._last_diagnosis = time.monotonic()
         self.metrics.last_diagnosis.set(time.time())
-        self.metrics.notifications_queued.set(self.state.pending_count())
+        try:
+            queued = self.state.reconcile(
+                diagnosis,
+                cooldown_s=self.config.cooldown_s,
+                min_severity=Severity(self.config.notify_min_severity),
+                notify=self.notifies,
+            )
+            self.metrics.notifications_queued.set(self.state.pending_count())
+        except StateError as exc:
+            # Nothing was half-written (one transaction): the next run decides again, whole.
+            self._state_failed(exc)
+            return diagnosis
         log.info(
             "diagnosis done",
             extra={
@@ -287,8 +306,23 @@ class Daemon:
             },
         )
         if queued:
-            await self.flush_outbox()
+            self.wake_outbox()
         return diagnosis
+
+    def _state_failed(self, exc: StateError) -> None:
+        self.metrics.state_errors.labels(exc.reason).inc()
+        log.error("%s", exc, extra={"reason": exc.reason})
+
+    def wake_outbox(self) -> None:
+        """Have the outbox job run now, without waiting for it (a diagnosis never waits for Slack)."""
+        if self._flush_lock.locked():
+            self._flush_again = True  # the running flush goes round once more
+            return
+        if self.scheduler is None or not self.scheduler.running:
+            return
+        job = self.scheduler.get_job("outbox")
+        if job is not None:
+            job.modify(next_run_time=datetime.now(UTC))
 
     async def _diagnose(self) -> Diagnosis:
         return await run_diagnosis(
@@ -337,56 +371,20 @@ class Daemon:
             )
 
     async def flush_outbox(self) -> None:
-        """Deliver queued notifications oldest first; stop at the first one Slack does not take."""
-        if self.state is None or self.sender is None or not self.notifies:
+        """Deliver the due notifications oldest first (:class:`~diagnoser.notify.delivery.OutboxDelivery`)."""
+        if self.state is None or self.delivery is None or not self.notifies:
             return
         async with self._flush_lock:
             try:
-                for entry in self.state.pending():
-                    if not await self._deliver(entry):
-                        break
+                self._flush_again = True
+                while self._flush_again:
+                    self._flush_again = False
+                    await self.delivery.flush()
+            except StateError as exc:
+                self._state_failed(exc)
             finally:
-                self.metrics.notifications_queued.set(self.state.pending_count())
-
-    async def _deliver(self, entry: OutboxEntry) -> bool:
-        assert self.state is not None
-        assert self.sender is not None
-        thread_ts = None
-        if self.sender.threads and entry.fingerprint and entry.kind is not NotificationKind.new:
-            _, thread_ts = self.state.thread_of(entry.fingerprint)
-        try:
-            message = render_entry(entry)
-        except Exception:  # a payload that cannot be rendered would block the queue forever
-            log.exception("dropping outbox entry %d: cannot render it", entry.id)
-            self.state.mark_sent(entry.id)
-            self.metrics.notifications_failed.labels(entry.kind.value).inc()
-            return True
-        try:
-            try:
-                delivery = await self.sender.post(message, thread_ts=thread_ts)
-            except SlackSendError as exc:
-                if not exc.permanent:
-                    raise
-                # Slack refused the layout: the plain text still tells the story.
-                log.warning("Slack refused the blocks of entry %d (%s); sending text only", entry.id, exc)
-                delivery = await self.sender.post(SlackMessage(message.text), thread_ts=thread_ts)
-        except SlackSendError as exc:
-            self.metrics.notifications_failed.labels(entry.kind.value).inc()
-            if exc.permanent:
-                log.error("dropping outbox entry %d: Slack refused it: %s", entry.id, exc)
-                self.state.mark_sent(entry.id)
-                return True
-            self.state.mark_failed(entry.id, str(exc))
-            log.warning(
-                "notification queued until Slack answers: %s",
-                exc,
-                extra={"entry": entry.id, "kind": entry.kind.value, "attempts": entry.attempts + 1},
-            )
-            return False
-        self.state.mark_sent(entry.id, channel=delivery.channel, ts=delivery.ts)
-        self.metrics.notifications_sent.labels(entry.kind.value).inc()
-        log.info("notified", extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts})
-        return True
+                with contextlib.suppress(StateError):
+                    self.metrics.notifications_queued.set(self.state.pending_count())
 
     async def _elect(self) -> None:
         if self.elector is None:
@@ -394,7 +392,7 @@ class Daemon:
         leader = await self.elector.try_acquire_or_renew()
         self.metrics.leader.set(1 if leader else 0)
         if leader and self.state is not None and self.state.pending_count():
-            await self.flush_outbox()
+            self.wake_outbox()
 
     # --- what the HTTP side asks --------------------------------------------------------------
 
@@ -436,9 +434,7 @@ class Daemon:
                 NotificationKind.alert_report,
                 {"diagnosis": scoped.model_dump(mode="json"), "alert": name, "scope": scope},
             )
-            task = asyncio.create_task(self._job(self.flush_outbox)())
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            self.wake_outbox()
         return scoped
 
 

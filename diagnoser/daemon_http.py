@@ -146,6 +146,31 @@ class DaemonMetrics:
         )
         self.probe_latency = _ProbeLatencyCollector()
         r.register(self.probe_latency)
+        self.notifications_dead_lettered = Counter(
+            "diagnoser_notifications_dead_lettered",
+            "Notifications Slack refused for good (kept in the state's dead_letters table),"
+            " by kind and error.",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.notifications_in_doubt = Counter(
+            "diagnoser_notifications_in_doubt",
+            "Posts whose answer never came, by what a look at the channel found: found, absent,"
+            " reposted_unverified (a webhook, or no permission to read the channel).",
+            ["outcome"],
+            registry=r,
+        )
+        self.slack_threads_lost = Counter(
+            "diagnoser_slack_threads_lost",
+            "Replies whose Slack thread was gone, posted at top level instead.",
+            registry=r,
+        )
+        self.state_errors = Counter(
+            "diagnoser_state_errors",
+            "Writes or reads of the state file that failed, by reason (disk_full, read_only, io...).",
+            ["reason"],
+            registry=r,
+        )
 
     def record_diagnosis(self, diagnosis: Diagnosis, seconds: float, *, trigger: str) -> None:
         outcome = "source_errors" if diagnosis.errors else "ok"
