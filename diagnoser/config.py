@@ -165,8 +165,20 @@ class DaemonSettings(_Section):
     #: Findings below this severity are kept in the state but never notified.
     notify_min_severity: str = "warning"
     state_path: Path = Path("diagnoser-state.sqlite3")
-    #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager.
-    listen: str = "0.0.0.0:8080"
+    #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager. Loopback by
+    #: default: /metrics has no authentication; a pod listens on ``0.0.0.0:8080`` explicitly.
+    listen: str = "127.0.0.1:8080"
+    #: Open HTTP connections beyond this are answered 503 and closed.
+    http_max_connections: int = Field(default=100, ge=1, le=10000)
+    #: A connection must send its request headers within this (else 408); also the idle
+    #: keep-alive time.
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    #: An Alertmanager group (``groupKey``) is diagnosed once within this; its repeats get 202
+    #: ``duplicate`` and no new message.
+    alert_group_cooldown_s: float = Field(default=300.0, ge=0)
+    #: Alert diagnoses running at once, and accepted ones waiting (beyond: 503, Alertmanager retries).
+    alert_concurrency: int = Field(default=2, ge=1, le=64)
+    alert_backlog: int = Field(default=16, ge=1, le=1000)
     #: /readyz fails when the last diagnosis is older; default 3 intervals plus the deadline.
     ready_max_age_s: float | None = Field(default=None, gt=0)
     #: On SIGTERM, in-flight work gets this long to finish before it is cancelled.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
@@ -42,6 +43,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from diagnoser.config import Settings
 from diagnoser.daemon_http import DaemonMetrics, alert_scopes, build_app, finding_in_scope
 from diagnoser.errors import StateError
+from diagnoser.http_limits import ConnectionLimits, start_limited_server
 from diagnoser.leader import LeaderElector, SoleLeader, elector_for
 from diagnoser.models import Diagnosis, Finding, Severity
 from diagnoser.notify.delivery import OutboxDelivery
@@ -56,7 +58,7 @@ from diagnoser.notify.slack import (
 from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.ruleset import RuleSet
 from diagnoser.runner import BuiltSources, build_sources, load_ruleset, run_diagnosis
-from diagnoser.state import NotificationKind, OutboxEntry, StateStore
+from diagnoser.state import NotificationKind, OutboxEntry, StateStore, fingerprint
 
 __all__ = ["Daemon", "render_entry", "run_daemon"]
 
@@ -86,7 +88,7 @@ def render_entry(entry: OutboxEntry) -> SlackMessage:
 
 def _listen_address(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
+    return (host.strip("[]") or "0.0.0.0"), int(port)  # ":8080" means every interface, as usual
 
 
 class Daemon:
@@ -120,7 +122,11 @@ class Daemon:
         self._flush_lock = asyncio.Lock()
         self._flush_again = False
         self.delivery: OutboxDelivery | None = None
-        self._alert_lock = asyncio.Lock()
+        self._alert_slots = asyncio.Semaphore(self.config.alert_concurrency)
+        self._alert_tasks: set[asyncio.Task[Any]] = set()
+        #: groupKey -> when its diagnosis was accepted (monotonic), for the cooldown.
+        self._alert_groups: dict[str, float] = {}
+        self._http_server: asyncio.Server | None = None
         self._last_diagnosis: float | None = None
         self._probe_results: dict[str, tuple[float, Any]] = {}
         self._stopping = False
@@ -223,6 +229,8 @@ class Daemon:
             close = getattr(self.elector, "close", None)
             if close is not None:
                 close()
+        if self._http_server is not None:
+            self._http_server.close()  # no new connections; cleanup() closes the open ones
         if self._runner is not None:
             await self._runner.cleanup()
         if self.sources is not None:
@@ -260,12 +268,19 @@ class Daemon:
 
     async def _serve_http(self) -> None:
         host, port = _listen_address(self.config.listen)
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        timeout = self.config.http_header_timeout_s
+        self._runner = web.AppRunner(
+            build_app(self), access_log=None, handle_signals=False, keepalive_timeout=timeout
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        addresses = self._runner.addresses
-        self.http_port = int(addresses[0][1]) if addresses else port
+        limits = ConnectionLimits(
+            max_connections=self.config.http_max_connections,
+            header_timeout_s=timeout,
+            on_drop=lambda reason: self.metrics.http_dropped.labels(reason).inc(),
+        )
+        self._http_server = await start_limited_server(self._runner, host, port, limits)
+        sockets = self._http_server.sockets
+        self.http_port = int(sockets[0].getsockname()[1]) if sockets else port
 
     # --- jobs ---------------------------------------------------------------------------------
 
@@ -415,12 +430,52 @@ class Daemon:
         token = self.config.alertmanager_token
         return token.get_secret_value() if token is not None else None
 
+    def accept_alert(self, payload: Mapping[str, Any]) -> tuple[str, str]:
+        """Start a diagnosis for an Alertmanager group in the background, once per cooldown.
+
+        Returns ``(outcome, detail)``: ``accepted``; ``duplicate`` (this ``groupKey`` was
+        diagnosed less than ``daemon.alert_group_cooldown_s`` ago: Alertmanager's retries and
+        repeats do not multiply posts); ``busy`` (the backlog is full: the HTTP side answers
+        503 and Alertmanager retries later).
+        """
+        key = str(payload.get("groupKey") or json.dumps(alert_scopes(payload), sort_keys=True))
+        now = time.monotonic()
+        cooldown = self.config.alert_group_cooldown_s
+        for old in [k for k, at in self._alert_groups.items() if now - at >= cooldown]:
+            del self._alert_groups[old]
+        accepted_at = self._alert_groups.get(key)
+        if accepted_at is not None:
+            self.metrics.alert_webhooks.labels("duplicate").inc()
+            ago = now - accepted_at
+            return "duplicate", f"this alert group was diagnosed {ago:.0f}s ago (cooldown {cooldown:g}s)"
+        if len(self._alert_tasks) >= self.config.alert_concurrency + self.config.alert_backlog:
+            self.metrics.alert_webhooks.labels("busy").inc()
+            return "busy", "too many alert diagnoses waiting"
+        self._alert_groups[key] = now
+
+        async def alert_diagnosis() -> None:
+            try:
+                async with self._alert_slots:  # bounded: an alert storm must not multiply queries
+                    await self.diagnose_for_alert(payload)
+            except BaseException:
+                self._alert_groups.pop(key, None)  # failed: the next webhook of the group may try again
+                raise
+
+        task = asyncio.create_task(self._job(alert_diagnosis)())
+        self._alert_tasks.add(task)
+        task.add_done_callback(self._alert_tasks.discard)
+        self.metrics.alert_webhooks.labels("accepted").inc()
+        return "accepted", "diagnosing in the background; the report goes to Slack"
+
     async def diagnose_for_alert(self, payload: Mapping[str, Any]) -> Diagnosis:
-        """A diagnosis restricted to the alerts' workloads; queued for Slack when this replica leads."""
+        """A diagnosis restricted to the alerts' workloads; queued for Slack when this replica leads.
+
+        The report goes into the Slack thread of the most important finding it contains that
+        already has one (the alert is about that incident), else to the channel.
+        """
         scopes = alert_scopes(payload)
         started = time.perf_counter()
-        async with self._alert_lock:  # one at a time: an alert storm must not multiply queries
-            diagnosis = await self._diagnose()
+        diagnosis = await self._diagnose()
         self.metrics.record_diagnosis(diagnosis, time.perf_counter() - started, trigger="alertmanager")
         findings: list[Finding] = [
             f for f in diagnosis.findings if not scopes or any(finding_in_scope(f, s) for s in scopes)
@@ -430,9 +485,12 @@ class Daemon:
         log.info("alert diagnosed", extra={"alert": name, "scopes": scopes, "findings": len(findings)})
         if self.notifies and self.state is not None:
             scope = scopes[0] if len(scopes) == 1 else {}
+            threaded = (fingerprint(f) for f in findings)
+            thread_of = next((fp for fp in threaded if self.state.thread_of(fp)[1] is not None), None)
             self.state.enqueue(
                 NotificationKind.alert_report,
                 {"diagnosis": scoped.model_dump(mode="json"), "alert": name, "scope": scope},
+                fingerprint=thread_of,
             )
             self.wake_outbox()
         return scoped
