@@ -37,6 +37,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from diagnoser.errors import ConfigError
 
 __all__ = [
+    "PROBE_MAX_CONNECTIONS_CEILING",
+    "PROBE_MAX_DURATION_CEILING_S",
+    "PROBE_MAX_RATE_CEILING",
+    "PROBE_REQUEST_TIMEOUT_CEILING_S",
     "BasicAuth",
     "DaemonSettings",
     "ElasticsearchSettings",
@@ -102,13 +106,26 @@ class KubernetesSettings(_Section):
     timeout_s: float = Field(default=10.0, gt=0)
 
 
-class ProbeSettings(_Section):
-    """Hard caps: no probe file or flag can exceed them; only this config raises them."""
+#: Ceilings of the probe's caps that neither the config file nor the environment can pass: the
+#: probe must stay safe to point at production whatever a ConfigMap or a variable says.
+PROBE_MAX_RATE_CEILING = 1000.0
+PROBE_MAX_DURATION_CEILING_S = 3600.0
+PROBE_REQUEST_TIMEOUT_CEILING_S = 60.0
+PROBE_MAX_CONNECTIONS_CEILING = 1000
 
-    max_rate: float = Field(default=1000.0, gt=0)
-    max_duration_s: float = Field(default=600.0, gt=0)
+
+class ProbeSettings(_Section):
+    """Caps: no probe file or flag can exceed them; this config can lower them, and raise them
+    only up to the ``PROBE_*_CEILING`` constants."""
+
+    max_rate: float = Field(default=1000.0, gt=0, le=PROBE_MAX_RATE_CEILING)
+    max_duration_s: float = Field(default=600.0, gt=0, le=PROBE_MAX_DURATION_CEILING_S)
     allowed_hosts: list[str] = Field(default_factory=list)
-    request_timeout_s: float = Field(default=5.0, gt=0)
+    request_timeout_s: float = Field(default=5.0, gt=0, le=PROBE_REQUEST_TIMEOUT_CEILING_S)
+    #: Connections one probe run may hold open (its pool), whatever the probe file asks.
+    max_connections: int = Field(
+        default=PROBE_MAX_CONNECTIONS_CEILING, ge=1, le=PROBE_MAX_CONNECTIONS_CEILING
+    )
     abort_error_ratio: float = Field(default=0.5, gt=0, le=1)
     abort_window_s: float = Field(default=5.0, gt=0)
     #: Wake this many microseconds before each send (at most half the wait) and keep the event
