@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -99,6 +100,8 @@ _OUTBOX_ADDED_COLUMNS = {
     # may have reached Slack (timeout, crash) and must be looked for before it is sent again.
     "attempt_started_at": "REAL",
 }
+#: Less free space than this next to the state file, and an I/O error is a full disk.
+_FULL_BELOW_BYTES = 64 * 1024
 _SQLITE_REASONS = {
     "SQLITE_FULL": "disk_full",
     "SQLITE_READONLY": "read_only",
@@ -112,13 +115,24 @@ _SQLITE_REASONS = {
 }
 
 
+def _disk_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.parent).free < _FULL_BELOW_BYTES
+    except OSError:
+        return False
+
+
 def _state_error(path: Path, what: str, exc: sqlite3.Error) -> StateError:
     """A one-line :class:`StateError` naming the file, what was being done and what to do."""
     name = str(getattr(exc, "sqlite_errorname", "") or "")
     reason = next((r for prefix, r in _SQLITE_REASONS.items() if name.startswith(prefix)), "io")
+    if reason == "io" and _disk_full(path):
+        # A full disk also surfaces as an I/O error (SQLite cannot map its -shm file, a write
+        # of the WAL fails): say what it is.
+        reason = "disk_full"
     if reason == "disk_full" or "disk is full" in str(exc):
         reason = "disk_full"
-        advice = "free some space (nothing is lost: the change is made again on the next run)"
+        advice = "the disk is full: free some space (nothing is lost: the next run makes the change again)"
     elif reason == "read_only":
         advice = "give the daemon write access to the file and its directory, or set daemon.state_path"
     elif reason == "corrupt":

@@ -113,6 +113,28 @@ def _fill(directory: Path) -> Path:
     return filler
 
 
+def test_a_read_only_or_full_disk_at_start_is_one_line_and_exit_2(small_disk: Path) -> None:
+    state = small_disk / "state.sqlite3"
+    StateStore(state).close()  # a good state file from an earlier life
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    try:
+        result = _serve(state)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot run the daemon: state file" in lines[0], result.stderr
+    assert "writ" in lines[0]  # "read-only" or "not writable": what to fix
+
+    filler = _fill(small_disk)
+    state.with_name("state.sqlite3-wal").unlink(missing_ok=True)
+    result = _serve(state)
+    filler.unlink()
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "disk is full" in lines[0], result.stderr
+
+
 async def test_disk_full_while_running_is_counted_and_recovered(
     small_disk: Path,
     tmp_path: Path,
