@@ -87,7 +87,7 @@ async def one_fault(name: str, gauge: Gauge, prometheus_url: str, workdir: Path)
             gauge.labels(namespace="shop", service=job, pool="orders").set(0.1)
             await _until(lambda: len(slack.messages) >= 2, 60)
             await asyncio.sleep(5)  # more diagnoses and outbox runs: anything sent twice shows now
-            texts = [m.text.split(":")[0] for m in slack.messages]
+            texts = ["resolved" if m.text.startswith("Resolved") else "new" for m in slack.messages]
             return {
                 "fault": name,
                 "notifications": 2,
