@@ -467,13 +467,19 @@ class StateStore:
                 (marker, now, entry_id),
             )
 
-    def attempt_failed(self, entry_id: int, error: str, *, retry_at: float, in_doubt: bool) -> None:
-        """Keep the entry for another try at ``retry_at``; ``in_doubt`` when it may have been posted."""
+    def attempt_failed(
+        self, entry_id: int, error: str, *, retry_at: float, in_doubt: bool, count_attempt: bool = False
+    ) -> None:
+        """Keep the entry for another try at ``retry_at``; ``in_doubt`` when it may have been posted.
+
+        ``count_attempt``: this failure (a look at the channel that failed) counts as an attempt,
+        so the backoff keeps growing while Slack stays unreachable.
+        """
         with self._write("record a failed delivery") as db:
             db.execute(
-                "UPDATE outbox SET last_error=?, next_attempt_at=?,"
+                "UPDATE outbox SET last_error=?, next_attempt_at=?, attempts=attempts+?,"
                 " attempt_started_at=CASE WHEN ? THEN attempt_started_at ELSE NULL END WHERE id=?",
-                (error[:500], retry_at, in_doubt, entry_id),
+                (error[:500], retry_at, 1 if count_attempt else 0, in_doubt, entry_id),
             )
 
     def dead_letter(self, entry_id: int, error: str, *, now: float | None = None) -> None:

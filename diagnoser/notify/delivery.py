@@ -227,8 +227,12 @@ class OutboxDelivery:
                 return _Lookup.absent
             delay = exc.retry_after
             if delay is None:
-                delay = self._backoff(entry.attempts)
-            return self._wait_in_doubt(entry, f"cannot look for it yet: {exc}", now + delay)
+                delay = self._backoff(entry.attempts + 1)
+            self.state.attempt_failed(
+                entry.id, f"in doubt: cannot look for it yet: {exc}", retry_at=now + delay, in_doubt=True,
+                count_attempt=True,
+            )
+            return _Lookup.wait
         if found is not None:
             log.info("outbox entry %d had reached Slack after all; not posting it again", entry.id)
             self.metrics.notifications_in_doubt.labels("found").inc()
