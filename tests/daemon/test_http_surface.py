@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +33,8 @@ def test_serve_listens_on_loopback_by_default(tmp_path: Path) -> None:
                                       "daemon": {"state_path": str(tmp_path / "state.sqlite3")}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
     process = subprocess.Popen([*serve_argv(), "--config", str(config)], stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(30, process.kill)  # a daemon that says nothing must not hang the test
+    watchdog.start()
     try:
         lines: list[str] = []
         assert process.stderr is not None
@@ -40,7 +43,9 @@ def test_serve_listens_on_loopback_by_default(tmp_path: Path) -> None:
             if "daemon started" in line or "cannot run the daemon" in line:
                 break
     finally:
-        process.send_signal(signal.SIGTERM)
+        watchdog.cancel()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
         process.wait(timeout=15)
     started = "".join(lines)
     # Either it serves on 127.0.0.1:8080, or (port taken on a shared machine) it says that is
