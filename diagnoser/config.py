@@ -40,6 +40,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from diagnoser.errors import ConfigError
 
 __all__ = [
+    "PROBE_MAX_CONNECTIONS_CEILING",
+    "PROBE_MAX_DURATION_CEILING_S",
+    "PROBE_MAX_RATE_CEILING",
+    "PROBE_REQUEST_TIMEOUT_CEILING_S",
     "BasicAuth",
     "DaemonSettings",
     "ElasticsearchSettings",
@@ -110,13 +114,26 @@ class KubernetesSettings(_Section):
     timeout_s: float = Field(default=10.0, gt=0)
 
 
-class ProbeSettings(_Section):
-    """Hard caps: no probe file or flag can exceed them; only this config raises them."""
+#: Ceilings of the probe's caps that neither the config file nor the environment can pass: the
+#: probe must stay safe to point at production whatever a ConfigMap or a variable says.
+PROBE_MAX_RATE_CEILING = 1000.0
+PROBE_MAX_DURATION_CEILING_S = 3600.0
+PROBE_REQUEST_TIMEOUT_CEILING_S = 60.0
+PROBE_MAX_CONNECTIONS_CEILING = 1000
 
-    max_rate: float = Field(default=1000.0, gt=0)
-    max_duration_s: float = Field(default=600.0, gt=0)
+
+class ProbeSettings(_Section):
+    """Caps: no probe file or flag can exceed them; this config can lower them, and raise them
+    only up to the ``PROBE_*_CEILING`` constants."""
+
+    max_rate: float = Field(default=1000.0, gt=0, le=PROBE_MAX_RATE_CEILING)
+    max_duration_s: float = Field(default=600.0, gt=0, le=PROBE_MAX_DURATION_CEILING_S)
     allowed_hosts: list[str] = Field(default_factory=list)
-    request_timeout_s: float = Field(default=5.0, gt=0)
+    request_timeout_s: float = Field(default=5.0, gt=0, le=PROBE_REQUEST_TIMEOUT_CEILING_S)
+    #: Connections one probe run may hold open (its pool), whatever the probe file asks.
+    max_connections: int = Field(
+        default=PROBE_MAX_CONNECTIONS_CEILING, ge=1, le=PROBE_MAX_CONNECTIONS_CEILING
+    )
     abort_error_ratio: float = Field(default=0.5, gt=0, le=1)
     abort_window_s: float = Field(default=5.0, gt=0)
     #: Wake this many microseconds before each send (at most half the wait) and keep the event
@@ -133,8 +150,17 @@ class SlackSettings(_Section):
     base_url: str = "https://slack.com/api/"
     #: Seconds per HTTP call to Slack (or a Slack-compatible endpoint such as Mattermost).
     timeout_s: float = Field(default=10.0, gt=0)
-    #: Retries of one message after a 429, each after the Retry-After the server asked for.
+    #: Not used any more (a 429 now reschedules the message after its Retry-After instead of
+    #: waiting inside the call); still accepted so that existing config files load.
     rate_limit_retries: int = Field(default=2, ge=0, le=10)
+    #: First wait after a failed delivery; it doubles with each failure (with jitter) up to
+    #: ``retry_max_s``. A 429's Retry-After replaces it.
+    retry_base_s: float = Field(default=2.0, gt=0)
+    retry_max_s: float = Field(default=300.0, gt=0)
+    #: A post whose answer never came is looked for in the channel (by its marker) and posted
+    #: again only when it is still absent this long after it was sent: a request Slack is
+    #: still processing must not become a second message.
+    in_doubt_settle_s: float = Field(default=60.0, ge=0)
 
 
 class LeaderElectionSettings(_Section):
@@ -164,8 +190,20 @@ class DaemonSettings(_Section):
     #: Findings below this severity are kept in the state but never notified.
     notify_min_severity: str = "warning"
     state_path: Path = Path("diagnoser-state.sqlite3")
-    #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager.
-    listen: str = "0.0.0.0:8080"
+    #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager. Loopback by
+    #: default: /metrics has no authentication; a pod listens on ``0.0.0.0:8080`` explicitly.
+    listen: str = "127.0.0.1:8080"
+    #: Open HTTP connections beyond this are answered 503 and closed.
+    http_max_connections: int = Field(default=100, ge=1, le=10000)
+    #: A connection must send its request headers within this (else 408); also the idle
+    #: keep-alive time.
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    #: An Alertmanager group (``groupKey``) is diagnosed once within this; its repeats get 202
+    #: ``duplicate`` and no new message.
+    alert_group_cooldown_s: float = Field(default=300.0, ge=0)
+    #: Alert diagnoses running at once, and accepted ones waiting (beyond: 503, Alertmanager retries).
+    alert_concurrency: int = Field(default=2, ge=1, le=64)
+    alert_backlog: int = Field(default=16, ge=1, le=1000)
     #: /readyz fails when the last diagnosis is older; default 3 intervals plus the deadline.
     ready_max_age_s: float | None = Field(default=None, gt=0)
     #: On SIGTERM, in-flight work gets this long to finish before it is cancelled.

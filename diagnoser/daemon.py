@@ -8,8 +8,10 @@ merged into one (``coalesce``) and dropped when too late (``misfire_grace_time``
   the latest probe result; the result goes through the :class:`~diagnoser.state.StateStore`
   (new, repeat after cooldown, severity change, resolved) and what must be said is queued;
 - *probe*: each configured probe definition (``probes/*.yaml``), its latency into ``/metrics``;
-- *outbox*: delivers queued notifications to Slack in order, and keeps them while Slack is
-  unreachable (also run right after each diagnosis);
+- *outbox*: delivers queued notifications to Slack in order (:mod:`diagnoser.notify.delivery`:
+  Retry-After and backoff by rescheduling, in-doubt posts looked for before a second post,
+  refused ones dead-lettered), and keeps them while Slack is unreachable; woken up right after
+  a diagnosis queues something, which never waits for Slack;
 - *leader*: renews or contends for the Kubernetes Lease; only the leader queues and delivers.
 
 On SIGTERM or SIGINT the scheduler stops starting jobs, in-flight runs get
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
@@ -39,8 +42,11 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from diagnoser.config import Settings
 from diagnoser.daemon_http import DaemonMetrics, alert_scopes, build_app, finding_in_scope
+from diagnoser.errors import StateError
+from diagnoser.http_limits import ConnectionLimits, start_limited_server
 from diagnoser.leader import LeaderElector, SoleLeader, elector_for
 from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.notify.delivery import OutboxDelivery
 from diagnoser.notify.slack import (
     SlackMessage,
     render_alert_report,
@@ -49,7 +55,7 @@ from diagnoser.notify.slack import (
     render_resolved,
     render_severity_change,
 )
-from diagnoser.notify.slack_sender import SlackSender, SlackSendError
+from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.ruleset import RuleSet
 from diagnoser.runner import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.state import NotificationKind, OutboxEntry, StateStore, fingerprint
@@ -82,7 +88,7 @@ def render_entry(entry: OutboxEntry) -> SlackMessage:
 
 def _listen_address(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
+    return (host.strip("[]") or "0.0.0.0"), int(port)  # ":8080" means every interface, as usual
 
 
 class Daemon:
@@ -114,7 +120,13 @@ class Daemon:
         self._runner: web.AppRunner | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._flush_lock = asyncio.Lock()
-        self._alert_lock = asyncio.Lock()
+        self._flush_again = False
+        self.delivery: OutboxDelivery | None = None
+        self._alert_slots = asyncio.Semaphore(self.config.alert_concurrency)
+        self._alert_tasks: set[asyncio.Task[Any]] = set()
+        #: groupKey -> when its diagnosis was accepted (monotonic), for the cooldown.
+        self._alert_groups: dict[str, float] = {}
+        self._http_server: asyncio.Server | None = None
         self._last_diagnosis: float | None = None
         self._probe_results: dict[str, tuple[float, Any]] = {}
         self._stopping = False
@@ -132,6 +144,10 @@ class Daemon:
         self.sources = build_sources(self.settings)
         if self.sender is None:
             self.sender = SlackSender.from_settings(self.settings.slack)
+        if self.sender is not None:
+            self.delivery = OutboxDelivery(
+                self.state, self.sender, self.metrics, render_entry, self.settings.slack
+            )
         if self.elector is None:
             self.elector = elector_for(self.settings.kubernetes, cfg.leader_election)
         await self._elect()
@@ -163,7 +179,11 @@ class Daemon:
                 **common,
             )
         self.scheduler.add_job(
-            self._job(self.flush_outbox), id="outbox", seconds=cfg.outbox_retry_s, **common
+            self._job(self.flush_outbox),
+            id="outbox",
+            seconds=cfg.outbox_retry_s,
+            next_run_time=now,  # what an earlier life of the daemon left queued goes out at once
+            **common,
         )
         if not isinstance(self.elector, SoleLeader):
             self.scheduler.add_job(
@@ -209,6 +229,8 @@ class Daemon:
             close = getattr(self.elector, "close", None)
             if close is not None:
                 close()
+        if self._http_server is not None:
+            self._http_server.close()  # no new connections; cleanup() closes the open ones
         if self._runner is not None:
             await self._runner.cleanup()
         if self.sources is not None:
@@ -246,12 +268,19 @@ class Daemon:
 
     async def _serve_http(self) -> None:
         host, port = _listen_address(self.config.listen)
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        timeout = self.config.http_header_timeout_s
+        self._runner = web.AppRunner(
+            build_app(self), access_log=None, handle_signals=False, keepalive_timeout=timeout
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        addresses = self._runner.addresses
-        self.http_port = int(addresses[0][1]) if addresses else port
+        limits = ConnectionLimits(
+            max_connections=self.config.http_max_connections,
+            header_timeout_s=timeout,
+            on_drop=lambda reason: self.metrics.http_dropped.labels(reason).inc(),
+        )
+        self._http_server = await start_limited_server(self._runner, host, port, limits)
+        sockets = self._http_server.sockets
+        self.http_port = int(sockets[0].getsockname()[1]) if sockets else port
 
     # --- jobs ---------------------------------------------------------------------------------
 
@@ -267,19 +296,24 @@ class Daemon:
         diagnosis = await self._diagnose()
         seconds = time.perf_counter() - started
         self.metrics.record_diagnosis(diagnosis, seconds, trigger="schedule")
-        before = {fingerprint(f): f for f in self.state.active_findings()}
-        queued = self.state.reconcile(
-            diagnosis,
-            cooldown_s=self.config.cooldown_s,
-            min_severity=Severity(self.config.notify_min_severity),
-            notify=self.notifies,
-            silenced=[fingerprint(s) for s in diagnosis.coverage.silenced] if diagnosis.coverage else (),
-        )
-        _log_transitions(before, {fingerprint(f): f for f in self.state.active_findings()})
         self.runs += 1
         self._last_diagnosis = time.monotonic()
         self.metrics.last_diagnosis.set(time.time())
-        self.metrics.notifications_queued.set(self.state.pending_count())
+        try:
+            before = {fingerprint(f): f for f in self.state.active_findings()}
+            queued = self.state.reconcile(
+                diagnosis,
+                cooldown_s=self.config.cooldown_s,
+                min_severity=Severity(self.config.notify_min_severity),
+                notify=self.notifies,
+                silenced=[fingerprint(s) for s in diagnosis.coverage.silenced] if diagnosis.coverage else (),
+            )
+            _log_transitions(before, {fingerprint(f): f for f in self.state.active_findings()})
+            self.metrics.notifications_queued.set(self.state.pending_count())
+        except StateError as exc:
+            # Nothing was half-written (one transaction): the next run decides again, whole.
+            self._state_failed(exc)
+            return diagnosis
         log.info(
             "diagnosis done",
             extra={
@@ -290,8 +324,23 @@ class Daemon:
             },
         )
         if queued:
-            await self.flush_outbox()
+            self.wake_outbox()
         return diagnosis
+
+    def _state_failed(self, exc: StateError) -> None:
+        self.metrics.state_errors.labels(exc.reason).inc()
+        log.error("%s", exc, extra={"reason": exc.reason})
+
+    def wake_outbox(self) -> None:
+        """Have the outbox job run now, without waiting for it (a diagnosis never waits for Slack)."""
+        if self._flush_lock.locked():
+            self._flush_again = True  # the running flush goes round once more
+            return
+        if self.scheduler is None or not self.scheduler.running:
+            return
+        job = self.scheduler.get_job("outbox")
+        if job is not None:
+            job.modify(next_run_time=datetime.now(UTC))
 
     async def _diagnose(self) -> Diagnosis:
         return await run_diagnosis(
@@ -340,56 +389,20 @@ class Daemon:
             )
 
     async def flush_outbox(self) -> None:
-        """Deliver queued notifications oldest first; stop at the first one Slack does not take."""
-        if self.state is None or self.sender is None or not self.notifies:
+        """Deliver the due notifications oldest first (:class:`~diagnoser.notify.delivery.OutboxDelivery`)."""
+        if self.state is None or self.delivery is None or not self.notifies:
             return
         async with self._flush_lock:
             try:
-                for entry in self.state.pending():
-                    if not await self._deliver(entry):
-                        break
+                self._flush_again = True
+                while self._flush_again:
+                    self._flush_again = False
+                    await self.delivery.flush()
+            except StateError as exc:
+                self._state_failed(exc)
             finally:
-                self.metrics.notifications_queued.set(self.state.pending_count())
-
-    async def _deliver(self, entry: OutboxEntry) -> bool:
-        assert self.state is not None
-        assert self.sender is not None
-        thread_ts = None
-        if self.sender.threads and entry.fingerprint and entry.kind is not NotificationKind.new:
-            _, thread_ts = self.state.thread_of(entry.fingerprint)
-        try:
-            message = render_entry(entry)
-        except Exception:  # a payload that cannot be rendered would block the queue forever
-            log.exception("dropping outbox entry %d: cannot render it", entry.id)
-            self.state.mark_sent(entry.id)
-            self.metrics.notifications_failed.labels(entry.kind.value).inc()
-            return True
-        try:
-            try:
-                delivery = await self.sender.post(message, thread_ts=thread_ts)
-            except SlackSendError as exc:
-                if not exc.permanent:
-                    raise
-                # Slack refused the layout: the plain text still tells the story.
-                log.warning("Slack refused the blocks of entry %d (%s); sending text only", entry.id, exc)
-                delivery = await self.sender.post(SlackMessage(message.text), thread_ts=thread_ts)
-        except SlackSendError as exc:
-            self.metrics.notifications_failed.labels(entry.kind.value).inc()
-            if exc.permanent:
-                log.error("dropping outbox entry %d: Slack refused it: %s", entry.id, exc)
-                self.state.mark_sent(entry.id)
-                return True
-            self.state.mark_failed(entry.id, str(exc))
-            log.warning(
-                "notification queued until Slack answers: %s",
-                exc,
-                extra={"entry": entry.id, "kind": entry.kind.value, "attempts": entry.attempts + 1},
-            )
-            return False
-        self.state.mark_sent(entry.id, channel=delivery.channel, ts=delivery.ts)
-        self.metrics.notifications_sent.labels(entry.kind.value).inc()
-        log.info("notified", extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts})
-        return True
+                with contextlib.suppress(StateError):
+                    self.metrics.notifications_queued.set(self.state.pending_count())
 
     async def _elect(self) -> None:
         if self.elector is None:
@@ -397,7 +410,7 @@ class Daemon:
         leader = await self.elector.try_acquire_or_renew()
         self.metrics.leader.set(1 if leader else 0)
         if leader and self.state is not None and self.state.pending_count():
-            await self.flush_outbox()
+            self.wake_outbox()
 
     # --- what the HTTP side asks --------------------------------------------------------------
 
@@ -423,12 +436,52 @@ class Daemon:
         token = self.config.alertmanager_token
         return token.get_secret_value() if token is not None else None
 
+    def accept_alert(self, payload: Mapping[str, Any]) -> tuple[str, str]:
+        """Start a diagnosis for an Alertmanager group in the background, once per cooldown.
+
+        Returns ``(outcome, detail)``: ``accepted``; ``duplicate`` (this ``groupKey`` was
+        diagnosed less than ``daemon.alert_group_cooldown_s`` ago: Alertmanager's retries and
+        repeats do not multiply posts); ``busy`` (the backlog is full: the HTTP side answers
+        503 and Alertmanager retries later).
+        """
+        key = str(payload.get("groupKey") or json.dumps(alert_scopes(payload), sort_keys=True))
+        now = time.monotonic()
+        cooldown = self.config.alert_group_cooldown_s
+        for old in [k for k, at in self._alert_groups.items() if now - at >= cooldown]:
+            del self._alert_groups[old]
+        accepted_at = self._alert_groups.get(key)
+        if accepted_at is not None:
+            self.metrics.alert_webhooks.labels("duplicate").inc()
+            ago = now - accepted_at
+            return "duplicate", f"this alert group was diagnosed {ago:.0f}s ago (cooldown {cooldown:g}s)"
+        if len(self._alert_tasks) >= self.config.alert_concurrency + self.config.alert_backlog:
+            self.metrics.alert_webhooks.labels("busy").inc()
+            return "busy", "too many alert diagnoses waiting"
+        self._alert_groups[key] = now
+
+        async def alert_diagnosis() -> None:
+            try:
+                async with self._alert_slots:  # bounded: an alert storm must not multiply queries
+                    await self.diagnose_for_alert(payload)
+            except BaseException:
+                self._alert_groups.pop(key, None)  # failed: the next webhook of the group may try again
+                raise
+
+        task = asyncio.create_task(self._job(alert_diagnosis)())
+        self._alert_tasks.add(task)
+        task.add_done_callback(self._alert_tasks.discard)
+        self.metrics.alert_webhooks.labels("accepted").inc()
+        return "accepted", "diagnosing in the background; the report goes to Slack"
+
     async def diagnose_for_alert(self, payload: Mapping[str, Any]) -> Diagnosis:
-        """A diagnosis restricted to the alerts' workloads; queued for Slack when this replica leads."""
+        """A diagnosis restricted to the alerts' workloads; queued for Slack when this replica leads.
+
+        The report goes into the Slack thread of the most important finding it contains that
+        already has one (the alert is about that incident), else to the channel.
+        """
         scopes = alert_scopes(payload)
         started = time.perf_counter()
-        async with self._alert_lock:  # one at a time: an alert storm must not multiply queries
-            diagnosis = await self._diagnose()
+        diagnosis = await self._diagnose()
         self.metrics.record_diagnosis(diagnosis, time.perf_counter() - started, trigger="alertmanager")
         findings: list[Finding] = [
             f for f in diagnosis.findings if not scopes or any(finding_in_scope(f, s) for s in scopes)
@@ -438,13 +491,14 @@ class Daemon:
         log.info("alert diagnosed", extra={"alert": name, "scopes": scopes, "findings": len(findings)})
         if self.notifies and self.state is not None:
             scope = scopes[0] if len(scopes) == 1 else {}
+            threaded = (fingerprint(f) for f in findings)
+            thread_of = next((fp for fp in threaded if self.state.thread_of(fp)[1] is not None), None)
             self.state.enqueue(
                 NotificationKind.alert_report,
                 {"diagnosis": scoped.model_dump(mode="json"), "alert": name, "scope": scope},
+                fingerprint=thread_of,
             )
-            task = asyncio.create_task(self._job(self.flush_outbox)())
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            self.wake_outbox()
         return scoped
 
 

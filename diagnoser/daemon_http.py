@@ -11,9 +11,12 @@ already a dependency of slack-sdk's asyncio clients.
 - ``GET /findings``: the active findings (what Slack was told about, or would have been) as JSON.
 - ``GET /metrics``: Prometheus text format (prometheus-client), see :class:`DaemonMetrics`.
 - ``POST /alertmanager``: Alertmanager's webhook JSON (version 4) with ``Authorization: Bearer
-  <daemon.alertmanager_token>``; runs a diagnosis restricted to the alerts' labels (namespace,
-  job, service, pod...: a finding stays when the labels it shares with an alert agree), answers
-  it as JSON and posts it to Slack.
+  <daemon.alertmanager_token>``; answers ``202`` at once and runs, in the background, a diagnosis
+  restricted to the alerts' labels (namespace, job, service, pod...: a finding stays when the
+  labels it shares with an alert agree), posted to Slack in the thread of the finding it
+  concerns. One diagnosis per ``groupKey`` within ``daemon.alert_group_cooldown_s`` (repeats:
+  ``202 duplicate``), at most ``daemon.alert_concurrency`` at once, ``503`` when the backlog is
+  full; a body that is not JSON, or nested deeper than :data:`MAX_JSON_DEPTH`, is ``400``.
 """
 
 from __future__ import annotations
@@ -164,6 +167,44 @@ class DaemonMetrics:
         )
         #: The last scheduled diagnosis' coverage line, for /readyz.
         self.coverage_summary: str | None = None
+        self.notifications_dead_lettered = Counter(
+            "diagnoser_notifications_dead_lettered",
+            "Notifications Slack refused for good (kept in the state's dead_letters table),"
+            " by kind and error.",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.notifications_in_doubt = Counter(
+            "diagnoser_notifications_in_doubt",
+            "Posts whose answer never came, by what a look at the channel found: found, absent,"
+            " reposted_unverified (a webhook, or no permission to read the channel).",
+            ["outcome"],
+            registry=r,
+        )
+        self.slack_threads_lost = Counter(
+            "diagnoser_slack_threads_lost",
+            "Replies whose Slack thread was gone, posted at top level instead.",
+            registry=r,
+        )
+        self.alert_webhooks = Counter(
+            "diagnoser_alert_webhooks",
+            "Alertmanager webhooks with firing alerts, by outcome: accepted, duplicate (same groupKey"
+            " within the cooldown), busy (backlog full, answered 503).",
+            ["outcome"],
+            registry=r,
+        )
+        self.http_dropped = Counter(
+            "diagnoser_http_connections_dropped",
+            "HTTP connections closed by the daemon: connection_cap (answered 503), header_timeout (408).",
+            ["reason"],
+            registry=r,
+        )
+        self.state_errors = Counter(
+            "diagnoser_state_errors",
+            "Writes or reads of the state file that failed, by reason (disk_full, read_only, io...).",
+            ["reason"],
+            registry=r,
+        )
 
     def record_diagnosis(self, diagnosis: Diagnosis, seconds: float, *, trigger: str) -> None:
         outcome = "source_errors" if diagnosis.errors else "ok"
@@ -208,7 +249,7 @@ class DaemonView(Protocol):
 
     def active_findings(self) -> list[Finding]: ...
 
-    async def diagnose_for_alert(self, payload: Mapping[str, Any]) -> Diagnosis: ...
+    def accept_alert(self, payload: Mapping[str, Any]) -> tuple[str, str]: ...
 
 
 def alert_scopes(payload: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -250,6 +291,24 @@ def finding_in_scope(finding: Finding, scope: Mapping[str, str]) -> bool:
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: Alertmanager's webhook is 4 levels deep; anything far deeper is not one.
+MAX_JSON_DEPTH = 32
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (iterative: no recursion to exhaust)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
 
 def build_app(daemon: DaemonView) -> web.Application:
     """The aiohttp application serving the daemon's endpoints."""
@@ -285,16 +344,26 @@ def build_app(daemon: DaemonView) -> web.Application:
             )
         try:
             payload = json.loads(await request.read())
+            if _nesting_depth(payload) > MAX_JSON_DEPTH:
+                raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
             if not isinstance(payload, dict):
                 raise ValueError("the body must be a JSON object")
             scopes = alert_scopes(payload)
+        except RecursionError:  # nested deeper than the parser's own limit
+            too_deep = f"not an Alertmanager webhook payload: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+            return web.json_response({"error": too_deep}, status=400)
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             return web.json_response({"error": f"not an Alertmanager webhook payload: {exc}"}, status=400)
         if not scopes:
             # A group whose alerts all resolved (send_resolved): nothing to explain.
             return web.json_response({"status": "ignored", "reason": "no firing alerts"})
-        diagnosis = await daemon.diagnose_for_alert(payload)
-        return web.Response(body=diagnosis.model_dump_json(), content_type="application/json")
+        # Answer at once: Alertmanager's webhook timeout must never see a diagnosis's duration
+        # (it would retry, and each retry used to be one more diagnosis and one more post).
+        outcome, detail = daemon.accept_alert(payload)
+        body = {"status": outcome, "detail": detail, "groupKey": payload.get("groupKey")}
+        if outcome == "busy":
+            return web.json_response(body, status=503, headers={"Retry-After": "30"})
+        return web.json_response(body, status=202)
 
     app = web.Application(client_max_size=1024 * 1024)
     app.router.add_get("/healthz", healthz)

@@ -6,7 +6,8 @@ Everything diagnoser raises on purpose derives from :class:`DiagnoserError`::
     ├── ConfigError            bad configuration file, environment or flag (CLI exit code 2)
     ├── RuleLoadError          one or more rule files failed validation; carries every problem
     ├── SourceNotConfigured    a check needs a source the user did not configure: the rule is skipped
-    └── ProbeSafetyError       a probe asked for more than its caps or a host outside the allowlist
+    ├── ProbeSafetyError       a probe asked for more than its caps or a host outside the allowlist
+    └── StateError             the daemon's state file cannot be opened or written (``reason`` says why)
 
 Sources never let a client library's exception (requests, urllib3, httpx, elasticsearch,
 kubernetes) escape: they return a :class:`diagnoser.models.SourceError` value instead, so a
@@ -24,6 +25,7 @@ __all__ = [
     "RuleLoadError",
     "RuleProblem",
     "SourceNotConfigured",
+    "StateError",
 ]
 
 
@@ -67,3 +69,12 @@ class SourceNotConfigured(DiagnoserError):
 
 class ProbeSafetyError(DiagnoserError):
     """A probe definition or flag exceeds a safety cap, or targets a host not allowed."""
+
+
+class StateError(DiagnoserError):
+    """The state file cannot be used: ``reason`` is ``disk_full``, ``read_only``, ``corrupt``,
+    ``locked``, ``unopenable`` or ``io``; the message names the file and what to do."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -3,7 +3,8 @@
 Secrets live in :class:`pydantic.SecretStr` fields, which already print as ``**********``. As a
 second line of defence, :func:`configure_logging` collects every secret value of the settings
 (tokens, API keys, passwords, the webhook URL and its path) and the formatter masks any of them
-that reaches a log line anyway, whether from diagnoser or from a library logging a request. ::
+that reaches a log line anyway, whether from diagnoser or from a library logging a request, and
+strips the credentials of any URL quoted in a line (:func:`diagnoser.redact.scrub_text`). ::
 
     configure_logging(settings, log_format="json", level="INFO")
     logging.getLogger("diagnoser.daemon").info("diagnosis done", extra={"findings": 3})
@@ -20,6 +21,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, SecretStr
+
+from diagnoser.redact import scrub_text
 
 __all__ = ["JsonFormatter", "MaskingFormatter", "configure_logging", "secret_values"]
 
@@ -68,7 +71,9 @@ class MaskingFormatter(logging.Formatter):
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, MASK)
-        return text
+        # A URL with credentials that no setting declared secret (a Prometheus URL is a plain
+        # string) still loses them here.
+        return scrub_text(text)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)

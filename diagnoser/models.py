@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 __all__ = [
     "CAUSES",
@@ -150,6 +150,15 @@ class SourceError(BaseModel):
     source: str
     message: str
     rule_id: str | None = Field(default=None, exclude=True)
+
+    @field_validator("message")
+    @classmethod
+    def _no_credentials(cls, value: str) -> str:
+        # A client library's error may quote the URL it was given, password and all; every
+        # report, log line and Slack message about a failing source starts from this text.
+        from diagnoser.redact import scrub_text
+
+        return scrub_text(value)
 
     def __str__(self) -> str:
         return f"{self.source}: {self.message}"

@@ -17,25 +17,39 @@ once Slack accepted it. ::
     store = StateStore(Path("state.sqlite3"))
     queued = store.reconcile(diagnosis, cooldown_s=3600)
     for entry in store.pending():
-        ts = send(entry)                    # raises while Slack is down: the entry stays queued
+        store.begin_attempt(entry.id, marker="dgn-...")   # written before the post: a crash
+        ts = send(entry)                                  # mid-post leaves it "in doubt"
         store.mark_sent(entry.id, ts=ts)
+
+Failures of the file itself are :class:`~diagnoser.errors.StateError` with a ``reason``: a path that
+cannot be opened or written (missing permission, read-only, a directory) is refused at start; a
+file that is not a valid SQLite database is set aside (renamed ``<name>.corrupt-<UTC time>``) and a
+fresh one started; a full disk fails the one transaction, which SQLite has already rolled back,
+and the next one succeeds once there is space again (nothing half-written, nothing decided twice).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import shutil
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis, Finding, Severity
 
 __all__ = ["NotificationKind", "OutboxEntry", "StateStore", "fingerprint"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
@@ -64,7 +78,73 @@ CREATE TABLE IF NOT EXISTS meta (
     key    TEXT PRIMARY KEY,
     value  TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id           INTEGER PRIMARY KEY,
+    fingerprint  TEXT,
+    kind         TEXT NOT NULL,
+    payload      TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    attempts     INTEGER NOT NULL,
+    error        TEXT NOT NULL,
+    dead_at      REAL NOT NULL
+);
 """
+#: Outbox columns added after the first release; an older file gains them when opened.
+_OUTBOX_ADDED_COLUMNS = {
+    # The id the message carries (Slack message metadata), to find it again after an answer
+    # that never came.
+    "marker": "TEXT",
+    # Not tried again before this time (Retry-After, backoff).
+    "next_attempt_at": "REAL NOT NULL DEFAULT 0",
+    # Set before each post and cleared when its outcome is known: still set means the post
+    # may have reached Slack (timeout, crash) and must be looked for before it is sent again.
+    "attempt_started_at": "REAL",
+}
+#: Less free space than this next to the state file, and an I/O error is a full disk.
+_FULL_BELOW_BYTES = 64 * 1024
+_SQLITE_REASONS = {
+    "SQLITE_FULL": "disk_full",
+    "SQLITE_READONLY": "read_only",
+    "SQLITE_CORRUPT": "corrupt",
+    "SQLITE_NOTADB": "corrupt",
+    "SQLITE_CANTOPEN": "unopenable",
+    "SQLITE_PERM": "unopenable",
+    "SQLITE_AUTH": "unopenable",
+    "SQLITE_BUSY": "locked",
+    "SQLITE_LOCKED": "locked",
+}
+
+
+def _disk_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.parent).free < _FULL_BELOW_BYTES
+    except OSError:
+        return False
+
+
+def _state_error(path: Path, what: str, exc: sqlite3.Error) -> StateError:
+    """A one-line :class:`StateError` naming the file, what was being done and what to do."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    reason = next((r for prefix, r in _SQLITE_REASONS.items() if name.startswith(prefix)), "io")
+    if reason == "io" and _disk_full(path):
+        # A full disk also surfaces as an I/O error (SQLite cannot map its -shm file, a write
+        # of the WAL fails): say what it is.
+        reason = "disk_full"
+    if reason == "disk_full" or "disk is full" in str(exc):
+        reason = "disk_full"
+        advice = "the disk is full: free some space (nothing is lost: the next run makes the change again)"
+    elif reason == "read_only":
+        advice = "give the daemon write access to the file and its directory, or set daemon.state_path"
+    elif reason == "corrupt":
+        advice = "it is not a valid SQLite database"
+    elif reason == "unopenable":
+        advice = "check that the path and its directory exist and are writable, or set daemon.state_path"
+    elif reason == "locked":
+        advice = "another process holds it locked"
+    else:
+        advice = "an I/O error"
+    return StateError(f"state file {path}: cannot {what}: {exc} ({advice})", reason=reason)
+
 
 
 class NotificationKind(StrEnum):
@@ -89,6 +169,15 @@ class OutboxEntry:
     payload: dict[str, Any]
     created_at: float
     attempts: int
+    marker: str | None = None
+    next_attempt_at: float = 0.0
+    attempt_started_at: float | None = None
+    last_error: str | None = None
+
+    @property
+    def in_doubt(self) -> bool:
+        """True when an earlier post may have reached Slack without its answer reaching us."""
+        return self.attempt_started_at is not None
 
     @property
     def finding(self) -> Finding | None:
@@ -133,20 +222,121 @@ class StateStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: Where a corrupted file was moved when this store started afresh, else ``None``.
+        self.set_aside: Path | None = None
+        try:
+            self._db = self._open()
+        except StateError as exc:
+            if exc.reason != "corrupt":
+                raise
+            self.set_aside = self._set_aside_corrupted()
+            log.error(
+                "STATE FILE CORRUPTED: %s was set aside as %s and a fresh state started; findings"
+                " active before will be notified again, queued notifications are in the old file",
+                path,
+                self.set_aside,
+                extra={"error": str(exc)},
+            )
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        path = self.path
         if str(path) != ":memory:":
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        # WAL keeps a crash mid-write from corrupting the file; NORMAL is durable at checkpoints
-        # and on every commit in WAL mode except for a power loss, which a daemon can live with.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StateError(
+                    f"state file {path}: cannot create its directory: {exc.strerror or exc}"
+                    " (check the path and its permissions, or set daemon.state_path)",
+                    reason="unopenable",
+                ) from exc
+            if path.is_dir():
+                raise StateError(
+                    f"state file {path} is a directory (set daemon.state_path)", reason="unopenable"
+                )
+        try:
+            db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise _state_error(path, "open it", exc) from exc
+        try:
+            # WAL keeps a crash mid-write from corrupting the file; NORMAL is durable at
+            # checkpoints and on every commit in WAL mode except for a power loss, which a
+            # daemon can live with.
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=5000")
+            check = db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise StateError(
+                    f"state file {path}: failed its integrity check: {check[0] if check else '?'}",
+                    reason="corrupt",
+                )
+            db.executescript(_SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(outbox)")}
+            for column, declaration in _OUTBOX_ADDED_COLUMNS.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE outbox ADD COLUMN {column} {declaration}")
+            # A write now, so a read-only file or a full disk is found at start, not mid-run.
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES ('opened_at', ?)"
+                " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (str(time.time()),),
+            )
+        except sqlite3.Error as exc:
+            db.close()
+            raise _state_error(path, "open it", exc) from exc
+        except StateError:
+            db.close()
+            raise
+        return db
+
+    def _set_aside_corrupted(self) -> Path:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                try:
+                    source.rename(target.with_name(target.name + suffix))
+                except OSError as exc:
+                    raise StateError(
+                        f"state file {self.path} is corrupted and cannot be set aside: {exc.strerror or exc}",
+                        reason="corrupt",
+                    ) from exc
+        return target
+
+    @contextlib.contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a SQLite failure comes out as one :class:`StateError`."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _state_error(self.path, what, exc) from exc
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            # SQLite rolls back by itself on some errors (a full disk among them); a ROLLBACK
+            # then fails with "no transaction is active" and would hide the error that matters.
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _state_error(self.path, what, exc) from exc
+            raise
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        try:
+            yield self._db
+        except sqlite3.Error as exc:
+            raise _state_error(self.path, what, exc) from exc
 
     def close(self) -> None:
         """Checkpoint the write-ahead log into the main file and close."""
         try:
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            with contextlib.suppress(sqlite3.Error):  # a full disk must not stop the shutdown
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             self._db.close()
 
@@ -174,8 +364,7 @@ class StateStore:
         now = time.time() if now is None else now
         failed_sources = {error.source for error in diagnosis.errors}
         queued: list[tuple[str | None, NotificationKind, dict[str, Any]]] = []
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write("record the diagnosis"):
             active = {
                 row[0]: row
                 for row in self._db.execute(
@@ -240,23 +429,14 @@ class StateStore:
                 " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                 (str(now),),
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return entries
 
     def enqueue(
         self, kind: NotificationKind, payload: dict[str, Any], fingerprint: str | None = None
     ) -> OutboxEntry:
         """Queue a notification that is not a finding's transition (an Alertmanager report)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write("queue a notification"):
             entry = self._enqueue(fingerprint, kind, payload, time.time())
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return entry
 
     def _enqueue(
@@ -270,47 +450,117 @@ class StateStore:
 
     # --- delivering --------------------------------------------------------------------------
 
+    _ENTRY_COLUMNS = (
+        "id, fingerprint, kind, payload, created_at, attempts, marker, next_attempt_at,"
+        " attempt_started_at, last_error"
+    )
+
     def pending(self, limit: int = 100) -> list[OutboxEntry]:
         """Queued notifications, oldest first."""
-        rows = self._db.execute(
-            "SELECT id, fingerprint, kind, payload, created_at, attempts FROM outbox ORDER BY id LIMIT ?",
-            (limit,),
-        )
+        with self._reading("read the outbox") as db:
+            rows = db.execute(
+                f"SELECT {self._ENTRY_COLUMNS} FROM outbox ORDER BY id LIMIT ?", (limit,)
+            ).fetchall()
         return [
-            OutboxEntry(int(r[0]), r[1], NotificationKind(r[2]), json.loads(r[3]), float(r[4]), int(r[5]))
+            OutboxEntry(
+                int(r[0]), r[1], NotificationKind(r[2]), json.loads(r[3]), float(r[4]), int(r[5]),
+                r[6], float(r[7] or 0), None if r[8] is None else float(r[8]), r[9],
+            )
             for r in rows
         ]
 
     def pending_count(self) -> int:
-        return int(self._db.execute("SELECT count(*) FROM outbox").fetchone()[0])
+        with self._reading("count the outbox") as db:
+            return int(db.execute("SELECT count(*) FROM outbox").fetchone()[0])
 
-    def mark_sent(self, entry_id: int, *, channel: str | None = None, ts: str | None = None) -> None:
-        """Drop a delivered entry; remember the thread its finding's first message started."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            row = self._db.execute("SELECT fingerprint, kind FROM outbox WHERE id=?", (entry_id,)).fetchone()
-            self._db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
-            if row is not None and row[0] and ts and row[1] == NotificationKind.new.value:
-                self._db.execute(
+    def begin_attempt(self, entry_id: int, *, marker: str, now: float | None = None) -> None:
+        """Record, before posting, that a post of this entry (carrying ``marker``) is under way."""
+        now = time.time() if now is None else now
+        with self._write("record a delivery attempt") as db:
+            db.execute(
+                "UPDATE outbox SET marker=COALESCE(marker, ?), attempt_started_at=?, attempts=attempts+1"
+                " WHERE id=?",
+                (marker, now, entry_id),
+            )
+
+    def attempt_failed(
+        self, entry_id: int, error: str, *, retry_at: float, in_doubt: bool, count_attempt: bool = False
+    ) -> None:
+        """Keep the entry for another try at ``retry_at``; ``in_doubt`` when it may have been posted.
+
+        ``count_attempt``: this failure (a look at the channel that failed) counts as an attempt,
+        so the backoff keeps growing while Slack stays unreachable.
+        """
+        with self._write("record a failed delivery") as db:
+            db.execute(
+                "UPDATE outbox SET last_error=?, next_attempt_at=?, attempts=attempts+?,"
+                " attempt_started_at=CASE WHEN ? THEN attempt_started_at ELSE NULL END WHERE id=?",
+                (error[:500], retry_at, 1 if count_attempt else 0, in_doubt, entry_id),
+            )
+
+    def dead_letter(self, entry_id: int, error: str, *, now: float | None = None) -> None:
+        """Move an entry Slack will never take out of the queue into ``dead_letters``, kept for people."""
+        now = time.time() if now is None else now
+        with self._write("dead-letter a notification") as db:
+            db.execute(
+                "INSERT OR REPLACE INTO dead_letters (id, fingerprint, kind, payload, created_at, attempts,"
+                " error, dead_at) SELECT id, fingerprint, kind, payload, created_at, attempts, ?, ?"
+                " FROM outbox WHERE id=?",
+                (error[:500], now, entry_id),
+            )
+            db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
+
+    def dead_letters(self) -> list[tuple[int, str, str]]:
+        """``(id, kind, error)`` of every dead-lettered notification, oldest first."""
+        with self._reading("read the dead letters") as db:
+            rows = db.execute("SELECT id, kind, error FROM dead_letters ORDER BY id").fetchall()
+        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def mark_sent(
+        self, entry_id: int, *, channel: str | None = None, ts: str | None = None, starts_thread: bool = False
+    ) -> None:
+        """Drop a delivered entry; remember the thread its finding's first message started.
+
+        ``starts_thread``: this message (a reply reposted at top level because its thread was
+        gone) is where the finding's later messages now go.
+        """
+        with self._write("record a delivery") as db:
+            row = db.execute("SELECT fingerprint, kind FROM outbox WHERE id=?", (entry_id,)).fetchone()
+            db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
+            if row is not None and row[0] and ts and (starts_thread or row[1] == NotificationKind.new.value):
+                db.execute(
                     "UPDATE findings SET slack_channel=?, slack_ts=? WHERE fingerprint=?",
                     (channel, ts, row[0]),
                 )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def mark_failed(self, entry_id: int, error: str) -> None:
-        self._db.execute(
-            "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?", (error[:500], entry_id)
-        )
+        with self._write("record a failed delivery") as db:
+            db.execute(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+                (error[:500], entry_id),
+            )
 
     def thread_of(self, fp: str) -> tuple[str | None, str | None]:
         """``(channel, ts)`` of the message that started this finding's thread, if known."""
-        row = self._db.execute(
-            "SELECT slack_channel, slack_ts FROM findings WHERE fingerprint=?", (fp,)
-        ).fetchone()
+        with self._reading("read a thread") as db:
+            row = db.execute(
+                "SELECT slack_channel, slack_ts FROM findings WHERE fingerprint=?", (fp,)
+            ).fetchone()
         return (row[0], row[1]) if row else (None, None)
+
+    def remember(self, key: str, value: str) -> None:
+        """Keep a small fact across restarts (the Slack channel's id)."""
+        with self._write("remember a value") as db:
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+
+    def recall(self, key: str) -> str | None:
+        with self._reading("read a value") as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return str(row[0]) if row else None
 
     # --- reading -----------------------------------------------------------------------------
 

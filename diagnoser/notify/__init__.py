@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from diagnoser.notify.console import render_table
 from diagnoser.notify.markdown import render_markdown
+from diagnoser.redact import scrub_text
 
 __all__ = ["render_json", "render_markdown", "render_table"]
 
@@ -13,4 +14,4 @@ def render_json(diagnosis: object) -> str:
     from diagnoser.models import Diagnosis
 
     assert isinstance(diagnosis, Diagnosis)
-    return diagnosis.model_dump_json(indent=2)
+    return scrub_text(diagnosis.model_dump_json(indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diagnoser.models import Diagnosis, Finding
+from diagnoser.redact import scrub_text
 
 __all__ = ["render_markdown"]
 
@@ -32,7 +33,7 @@ def render_markdown(diagnosis: Diagnosis) -> str:
         lines.append("")
     if diagnosis.coverage is not None:
         lines += [f"Coverage: {_cell(diagnosis.coverage.summary)}", ""]
-    return "\n".join(lines)
+    return scrub_text("\n".join(lines))
 
 
 def _finding(index: int, finding: Finding) -> list[str]:

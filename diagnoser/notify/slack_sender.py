@@ -4,38 +4,48 @@ Two ways in, chosen from :class:`~diagnoser.config.SlackSettings`:
 
 - a bot token and a channel: ``chat.postMessage`` through ``AsyncWebClient`` (its ``base_url`` is
   configurable), answering the message ``ts`` so that updates and the resolution go into the
-  first message's thread;
+  first message's thread. Each message carries a marker in its metadata (``event_type``
+  ``diagnoser_notification``), so :meth:`SlackSender.find_posted` can tell, through
+  ``conversations.history`` / ``conversations.replies``, whether a post whose answer never
+  came reached the channel after all;
 - an incoming webhook URL through ``AsyncWebhookClient`` (any URL: Slack, or a Slack-compatible
-  receiver such as a Mattermost incoming webhook); no threads.
+  receiver such as a Mattermost incoming webhook); no threads, and nothing can be read back.
 
-The asyncio clients are the slack-sdk's own, so a 429's ``Retry-After`` wait (slack-sdk's
-rate-limit retry handler) never blocks the daemon's event loop. Every failure is raised as one
-:class:`SlackSendError`, with ``permanent`` set when Slack refused the message itself (retrying
-the same payload cannot succeed) rather than being unreachable, rate limited or misconfigured. ::
+One call is one HTTP request: no retries, no sleeping here. Every failure is raised as one
+:class:`SlackSendError` saying what the caller (the outbox, :mod:`diagnoser.notify.delivery`)
+needs to decide: ``permanent`` when resending cannot help (the message, the channel or the
+credentials were refused), ``retry_after`` when Slack asked to wait (a 429), ``in_doubt`` when the
+request may have been processed (a timeout or a 5xx after it was sent). ::
 
     sender = SlackSender.from_settings(settings.slack)
-    delivery = await sender.post(render_finding(finding, at=now))
-    await sender.post(render_resolved(finding, at=now), thread_ts=delivery.ts)
+    delivery = await sender.post(render_finding(finding, at=now), marker="dgn-1-a1b2")
+    await sender.post(render_resolved(finding, at=now), thread_ts=delivery.ts, marker="dgn-2-c3d4")
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
-from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from diagnoser.config import SlackSettings
 from diagnoser.errors import DiagnoserError
 from diagnoser.notify.slack import SlackMessage
+from diagnoser.redact import redact_url, scrub
 
-__all__ = ["SlackDelivery", "SlackSendError", "SlackSender"]
+__all__ = ["MARKER_EVENT_TYPE", "SlackDelivery", "SlackSendError", "SlackSender"]
 
-#: Errors about the message itself: the same payload will never be accepted.
-_PERMANENT_ERRORS = frozenset(
+#: The message metadata ``event_type`` that carries a notification's marker.
+MARKER_EVENT_TYPE = "diagnoser_notification"
+
+#: Errors about the message's layout: the same blocks will never be accepted (text may be).
+_LAYOUT_ERRORS = frozenset(
     {
         "invalid_blocks",
         "invalid_blocks_format",
@@ -44,16 +54,74 @@ _PERMANENT_ERRORS = frozenset(
         "no_text",
         "too_many_attachments",
         "invalid_attachments",
+        "invalid_metadata_format",
+        "invalid_metadata_schema",
+        "metadata_too_large",
     }
 )
+#: Errors no retry can fix: the channel, the thread or the credentials were refused. Slack's
+#: Web API documents these for chat.postMessage and the conversations.* methods.
+_REFUSED_ERRORS = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "thread_not_found",
+        "message_not_found",
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_revoked",
+        "token_expired",
+        "no_permission",
+        "missing_scope",
+        "not_allowed_token_type",
+        "restricted_action",
+        "restricted_action_read_only_channel",
+        "restricted_action_thread_only_channel",
+        "restricted_action_non_threadable_channel",
+        "team_access_not_granted",
+        "ekm_access_denied",
+        # Incoming webhooks answer these as plain text with 400/403/404/410.
+        "invalid_token",
+        "no_service",
+        "no_service_id",
+        "no_team",
+        "team_disabled",
+        "action_prohibited",
+        "posting_to_general_channel_denied",
+        "channel_is_archived",
+    }
+)
+#: Errors after which the message may have been posted anyway (Slack says "it's possible some
+#: aspect of the operation succeeded").
+_MAYBE_PROCESSED_ERRORS = frozenset({"internal_error", "fatal_error"})
+_CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
 
 
 class SlackSendError(DiagnoserError):
-    """Slack did not take the message; ``permanent`` when resending it unchanged cannot help."""
+    """Slack did not take the message (or did not say): what to do next is in the attributes.
 
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
+    ``error`` is Slack's error code (``channel_not_found``) or ``""``; ``permanent``: resending
+    cannot help; ``layout``: the blocks were refused, the text alone may pass; ``retry_after``:
+    seconds Slack asked to wait; ``in_doubt``: the request may have been processed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        permanent: bool = False,
+        error: str = "",
+        retry_after: float | None = None,
+        in_doubt: bool = False,
+    ) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.error = error
+        self.layout = error in _LAYOUT_ERRORS
+        self.retry_after = retry_after
+        self.in_doubt = in_doubt
 
 
 @dataclass(frozen=True)
@@ -64,13 +132,39 @@ class SlackDelivery:
     ts: str | None
 
 
+def _retry_after(headers: Any) -> float | None:
+    """Seconds from a ``Retry-After`` header (Slack sends an integer), if any."""
+    if not headers:
+        return None
+    value = None
+    if isinstance(headers, Mapping):
+        for key in headers:
+            if str(key).lower() == "retry-after":
+                value = headers[key]
+                break
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_permanent(error: str) -> bool:
+    return error in _LAYOUT_ERRORS or error in _REFUSED_ERRORS
+
+
 class SlackSender:
     """Posts :class:`SlackMessage` values; build it with :meth:`from_settings`."""
 
     def __init__(self, settings: SlackSettings) -> None:
         self.settings = settings
-        retry = [AsyncRateLimitErrorRetryHandler(max_retry_count=settings.rate_limit_retries)]
+        # No retry handler at all: slack-sdk's would sleep through a Retry-After inside the call
+        # and re-send after a dropped connection, which may post the message twice.
+        retry: list[Any] = []
         timeout = max(1, round(settings.timeout_s))
+        #: The channel's id once known (posts answer it; conversations.history needs it).
+        self.channel_id: str | None = (
+            settings.channel if settings.channel and _CHANNEL_ID.match(settings.channel) else None
+        )
         self._web: AsyncWebClient | None = None
         self._webhook: AsyncWebhookClient | None = None
         if settings.token is not None:
@@ -103,35 +197,97 @@ class SlackSender:
     def target(self) -> str:
         """Where messages go, fit to print (never the token or the webhook's secret path)."""
         if self._web is not None:
-            return f"channel {self.settings.channel} via {self.settings.base_url}"
+            return f"channel {self.settings.channel} via {redact_url(self.settings.base_url)}"
         return "an incoming webhook"
 
-    async def post(self, message: SlackMessage, *, thread_ts: str | None = None) -> SlackDelivery:
-        """Post ``message`` (into ``thread_ts``'s thread when given and possible)."""
+    @property
+    def can_read_back(self) -> bool:
+        """True when a post can be looked for afterwards (bot token); webhooks cannot."""
+        return self._web is not None
+
+    async def post(
+        self, message: SlackMessage, *, thread_ts: str | None = None, marker: str | None = None
+    ) -> SlackDelivery:
+        """Post ``message`` (into ``thread_ts``'s thread when given and possible), carrying ``marker``."""
+        # Last line of defence: a source error or label quoting a URL with credentials.
+        message = SlackMessage(scrub(message.text), scrub(message.blocks))
         try:
             if self._web is not None:
-                return await self._post_web(message, thread_ts)
+                return await self._post_web(message, thread_ts, marker)
             if self._webhook is not None:
                 return await self._post_webhook(message)
+        except Exception as exc:
+            raise _classified(exc) from exc
+        raise SlackSendError("Slack is not configured", permanent=True)
+
+    async def find_posted(self, marker: str, *, thread_ts: str | None, since: float) -> SlackDelivery | None:
+        """The message carrying ``marker`` posted at or after ``since`` (epoch seconds), if any.
+
+        Looks through ``conversations.replies`` of ``thread_ts`` or ``conversations.history`` of
+        the channel; raises :class:`SlackSendError` when it cannot look (``permanent`` when it
+        never will: a missing ``channels:history`` scope, a webhook).
+        """
+        if self._web is None:
+            raise SlackSendError("an incoming webhook cannot be read back", permanent=True)
+        try:
+            channel = await self._resolve_channel()
+            cursor: str | None = None
+            for _ in range(5):  # 5 pages of 200: far more than one outage's worth of posts
+                args: dict[str, Any] = {
+                    "channel": channel,
+                    "oldest": f"{max(0.0, since - 1):.6f}",
+                    "include_all_metadata": True,
+                    "limit": 200,
+                }
+                if cursor:
+                    args["cursor"] = cursor
+                if thread_ts:
+                    response = await self._web.conversations_replies(ts=thread_ts, **args)
+                else:
+                    response = await self._web.conversations_history(**args)
+                for item in response.get("messages") or []:
+                    metadata = item.get("metadata") or {}
+                    payload = metadata.get("event_payload") or {}
+                    if metadata.get("event_type") == MARKER_EVENT_TYPE and payload.get("marker") == marker:
+                        return SlackDelivery(channel, str(item.get("ts")))
+                cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
+                if not cursor:
+                    break
         except SlackSendError:
             raise
-        except SlackApiError as exc:
-            data = exc.response.data if exc.response is not None else None
-            # A non-JSON error page (a 500 from a proxy) arrives as a string, not a dict.
-            error = str(data.get("error", "")) if isinstance(data, dict) else ""
-            status = exc.response.status_code if exc.response is not None else 0
-            raise SlackSendError(
-                f"Slack refused the message: HTTP {status} {error or 'error'}",
-                permanent=error in _PERMANENT_ERRORS,
-            ) from exc
-        except (TimeoutError, aiohttp.ClientError, SlackClientError, OSError) as exc:
-            raise SlackSendError(f"Slack unreachable: {type(exc).__name__}: {exc}") from exc
-        except ValueError as exc:  # a body that is not the JSON Slack documents
-            raise SlackSendError(f"Slack answered garbage: {exc}") from exc
-        raise SlackSendError("Slack is not configured")
+        except Exception as exc:
+            raise _classified(exc) from exc
+        return None
 
-    async def _post_web(self, message: SlackMessage, thread_ts: str | None) -> SlackDelivery:
+    async def _resolve_channel(self) -> str:
+        if self.channel_id is not None:
+            return self.channel_id
         assert self._web is not None
+        name = (self.settings.channel or "").lstrip("#")
+        cursor: str | None = None
+        for _ in range(20):
+            response = await self._web.conversations_list(
+                types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor
+            )
+            for channel in response.get("channels") or []:
+                if channel.get("name") == name:
+                    self.channel_id = str(channel["id"])
+                    return self.channel_id
+            cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        raise SlackSendError(
+            f"channel {self.settings.channel} not found by conversations.list", permanent=True,
+            error="channel_not_found",
+        )
+
+    async def _post_web(
+        self, message: SlackMessage, thread_ts: str | None, marker: str | None
+    ) -> SlackDelivery:
+        assert self._web is not None
+        metadata = (
+            {"event_type": MARKER_EVENT_TYPE, "event_payload": {"marker": marker}} if marker else None
+        )
         response = await self._web.chat_postMessage(
             channel=self.settings.channel or "",
             text=message.text,
@@ -139,9 +295,12 @@ class SlackSender:
             thread_ts=thread_ts,
             unfurl_links=False,
             unfurl_media=False,
+            metadata=metadata,
         )
         ts = response.get("ts")
         channel = response.get("channel")
+        if channel:
+            self.channel_id = str(channel)
         return SlackDelivery(str(channel) if channel else self.settings.channel, str(ts) if ts else None)
 
     async def _post_webhook(self, message: SlackMessage) -> SlackDelivery:
@@ -149,10 +308,43 @@ class SlackSender:
         response = await self._webhook.send(
             text=message.text, blocks=message.blocks or None, unfurl_links=False, unfurl_media=False
         )
-        if response.status_code != 200:
+        status = response.status_code
+        if status != 200:
             body = (response.body or "").strip()[:200]
+            error = body if re.fullmatch(r"[a-z_]+", body) else ""
             raise SlackSendError(
-                f"the webhook answered HTTP {response.status_code} {body}".rstrip(),
-                permanent=response.status_code == 400 and body in _PERMANENT_ERRORS,
+                f"the webhook answered HTTP {status} {body}".rstrip(),
+                permanent=_is_permanent(error) or status in (400, 403, 404, 410),
+                error=error,
+                retry_after=_retry_after(response.headers) if status == 429 else None,
+                in_doubt=status >= 500,
             )
         return SlackDelivery(None, None)
+
+
+def _classified(exc: BaseException) -> SlackSendError:
+    """One :class:`SlackSendError` for whatever slack-sdk or aiohttp raised."""
+    if isinstance(exc, SlackSendError):
+        return exc
+    if isinstance(exc, SlackApiError):
+        data = exc.response.data if exc.response is not None else None
+        # A non-JSON error page (a 500 from a proxy) arrives as a string, not a dict.
+        error = str(data.get("error", "")) if isinstance(data, dict) else ""
+        status = exc.response.status_code if exc.response is not None else 0
+        headers = exc.response.headers if exc.response is not None else None
+        return SlackSendError(
+            f"Slack refused the message: HTTP {status} {error or 'error'}",
+            permanent=_is_permanent(error),
+            error=error,
+            retry_after=_retry_after(headers) if status == 429 else None,
+            in_doubt=status >= 500 or error in _MAYBE_PROCESSED_ERRORS,
+        )
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # The connection was never made: the request was certainly not processed.
+        return SlackSendError(f"Slack unreachable: {type(exc).__name__}: {exc}")
+    if isinstance(exc, TimeoutError | aiohttp.ClientError | SlackClientError | OSError):
+        # Sent, perhaps, and no answer: Slack may have posted it.
+        return SlackSendError(f"Slack unreachable: {type(exc).__name__}: {exc}", in_doubt=True)
+    if isinstance(exc, ValueError):  # a body that is not the JSON Slack documents
+        return SlackSendError(f"Slack answered garbage: {exc}", in_doubt=True)
+    return SlackSendError(f"Slack call failed: {type(exc).__name__}: {exc}", in_doubt=True)

@@ -35,7 +35,7 @@ from diagnoser.probe.entry import build_spec
 from diagnoser.probe.report import render_report
 from diagnoser.probe.result import ProbeResult
 from diagnoser.probe.runner import INTERRUPTED, ProbeRun
-from diagnoser.probe.spec import ProbeSpec, enforce_safety
+from diagnoser.probe.spec import ProbeSpec, check_resolved_addresses, enforce_safety
 
 __all__ = ["INTERRUPTED_EXIT", "ProbeOutput", "exit_code_for", "probe_command"]
 
@@ -139,7 +139,10 @@ def probe_command(
         enforce_safety(spec, settings.probe, explicit_target=explicit)
     except DiagnoserError as exc:
         raise _fail(err, str(exc)) from exc
-    result = _execute(spec, settings.probe, err, show_progress=err.is_terminal)
+    try:
+        result = _execute(spec, settings.probe, err, show_progress=err.is_terminal, explicit_target=explicit)
+    except DiagnoserError as exc:  # the resolved address refused before any request
+        raise _fail(err, str(exc)) from exc
     if output is ProbeOutput.json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
     else:
@@ -148,7 +151,12 @@ def probe_command(
 
 
 def _execute(
-    spec: ProbeSpec, settings: ProbeSettings, console: Console, *, show_progress: bool
+    spec: ProbeSpec, settings: ProbeSettings, console: Console, *, show_progress: bool, explicit_target: bool
 ) -> ProbeResult:
-    run = ProbeRun(spec, settings)
-    return _event_loop_runner()(_run_with_progress(run, console, show_progress))
+    run = ProbeRun(spec, settings, explicit_target=explicit_target)
+
+    async def checked() -> ProbeResult:
+        await check_resolved_addresses(spec, settings, explicit_target=explicit_target)
+        return await _run_with_progress(run, console, show_progress)
+
+    return _event_loop_runner()(checked())

@@ -15,7 +15,13 @@ from diagnoser.config import ProbeSettings
 from diagnoser.errors import ConfigError
 from diagnoser.probe.result import ProbeResult
 from diagnoser.probe.runner import ProbeRun
-from diagnoser.probe.spec import ProbeSpec, enforce_safety, load_probe_file, spec_from_url
+from diagnoser.probe.spec import (
+    ProbeSpec,
+    check_resolved_addresses,
+    enforce_safety,
+    load_probe_file,
+    spec_from_url,
+)
 
 __all__ = ["DEFAULT_URL_DURATION_S", "DEFAULT_URL_RATE", "build_spec", "is_url", "run_probe"]
 
@@ -69,4 +75,5 @@ def build_spec(
 async def run_probe(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeResult:
     """Check the safety rules (``ProbeSafetyError`` before any request), then run the probe."""
     enforce_safety(spec, settings, explicit_target=explicit_target)
-    return await ProbeRun(spec, settings).run()
+    await check_resolved_addresses(spec, settings, explicit_target=explicit_target)
+    return await ProbeRun(spec, settings, explicit_target=explicit_target).run()

@@ -38,7 +38,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -324,6 +324,7 @@ class _Pool:
         self.waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self.opened = 0
         self.closing = False
+        self.address_guard: Callable[[str, str], str | None] | None = None
 
     async def acquire(self, timings: RequestTimings) -> _Connection:
         """An idle connection, a new one if the limit allows, else the next one released."""
@@ -406,7 +407,19 @@ class _Pool:
                 return
 
     async def _addresses(self) -> Sequence[_AddrInfo]:
-        """Where to connect: an IP literal as it is, a name through the resolver."""
+        """Where to connect, without the addresses the guard refuses (checked at every connect:
+        a name may resolve elsewhere than when the run was allowed)."""
+        addresses = await self._resolved()
+        if self.address_guard is None:
+            return addresses
+        allowed = [a for a in addresses if self.address_guard(self.host, str(a[4][0])) is None]
+        if not allowed and addresses:
+            reason = self.address_guard(self.host, str(addresses[0][4][0]))
+            raise httpx.ConnectError(f"refused by the probe's address rule: {reason}")
+        return allowed
+
+    async def _resolved(self) -> Sequence[_AddrInfo]:
+        """An IP literal as it is, a name through the resolver."""
         try:
             ip = ipaddress.ip_address(self.host)
         except ValueError:
@@ -488,6 +501,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
     ) -> None:
         self.max_connections = max_connections
         self.body_limit = body_limit
+        #: ``(host, address) -> reason or None``: an address it names is never connected to.
+        self.address_guard: Callable[[str, str], str | None] | None = None
         self._verify_tls = verify_tls
         self._ssl_context: ssl.SSLContext | None = None
         self._pools: dict[tuple[str, str, int], _Pool] = {}
@@ -554,6 +569,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 raise httpx.UnsupportedProtocol(f"unsupported scheme {scheme!r}: http or https only")
             context = self._tls_context() if scheme == "https" else None
             pool = _Pool(asyncio.get_running_loop(), url.host, port, context, self.max_connections)
+            pool.address_guard = self.address_guard
             self._pools[key] = pool
         return pool
 

@@ -19,7 +19,7 @@ from diagnoser.config import Settings
 from diagnoser.probe.entry import build_spec, is_url
 from diagnoser.probe.result import ProbeResult
 from diagnoser.probe.runner import ProbeRun
-from diagnoser.probe.spec import enforce_safety
+from diagnoser.probe.spec import check_resolved_addresses, enforce_safety
 
 __all__ = ["probe_runner_for"]
 
@@ -39,6 +39,7 @@ def probe_runner_for(
     enforce_safety(spec, settings.probe, explicit_target=explicit)
 
     async def run() -> ProbeResult:
-        return await ProbeRun(spec, settings.probe).run()
+        await check_resolved_addresses(spec, settings.probe, explicit_target=explicit)
+        return await ProbeRun(spec, settings.probe, explicit_target=explicit).run()
 
     return run

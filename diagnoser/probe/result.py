@@ -21,6 +21,7 @@ from hdrh.histogram import HdrHistogram
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagnoser.probe.validate import FAILURE_KINDS
+from diagnoser.redact import redact_url
 
 __all__ = [
     "HISTOGRAM_MAX_US",
@@ -329,7 +330,7 @@ class ProbeRecorder:
             )
         achieved = self.sent / elapsed_s if elapsed_s > 0 else 0.0
         return ProbeResult(
-            target=target,
+            target=redact_url(target),  # the report may be posted to Slack: no credentials
             requested_rate=round(requested_rate, 3),
             achieved_rate=round(achieved, 3),
             duration_s=round(elapsed_s, 3),

@@ -41,7 +41,7 @@ from diagnoser.config import ProbeSettings
 from diagnoser.probe.http1 import Http1Transport, IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
-from diagnoser.probe.spec import ProbeSpec
+from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
 from diagnoser.probe.timer import PreciseTimer, make_timer
 from diagnoser.probe.validate import check_response, parse_json_path
 
@@ -85,15 +85,21 @@ class ProbeRun:
         precise_timer: bool = True,
         pause_gc: bool = True,
         base_dir: Path | None = None,
+        explicit_target: bool | None = None,
     ) -> None:
+        """``explicit_target`` (a typed URL or a probe file) turns on the resolved-address rule
+        at every connection (:func:`~diagnoser.probe.spec.address_refusal`); ``None`` leaves
+        it to the caller."""
         self.spec = spec
         self.settings = settings
+        self._explicit_target = explicit_target
         self.timeout_s = _first(spec.timeout_s, settings.request_timeout_s)
         self.abort_ratio = _first(spec.abort_error_ratio, settings.abort_error_ratio)
         self.abort_window_s = _first(spec.abort_window_s, settings.abort_window_s)
         # Little's law: enough connections for the peak rate even if every request ran to its timeout.
         needed = math.ceil(spec.peak_rate * self.timeout_s)
-        self.pool_size = spec.max_connections or max(16, min(10000, needed))
+        cap = effective_caps(settings)[3]
+        self.pool_size = min(cap, spec.max_connections or max(16, needed))
         self.recorder = ProbeRecorder()
         self._precise_timer = precise_timer
         self._pause_gc = pause_gc
@@ -153,6 +159,11 @@ class ProbeRun:
 
     async def run(self) -> ProbeResult:
         transport = probe_transport(self.spec, self.pool_size)
+        if self._explicit_target is not None:
+            settings, explicit = self.settings, self._explicit_target
+            transport.address_guard = lambda host, address: address_refusal(
+                host, address, settings, explicit_target=explicit
+            )
         transport.prepare(self.spec.target)
         self._transport = transport
         requests = [self._build_request(body) for body in self._bodies]

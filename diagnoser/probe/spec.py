@@ -19,8 +19,11 @@ probe file, targets a host outside the allowlist, before any request is sent.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
+import ipaddress
 import math
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -28,7 +31,13 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from diagnoser.config import ProbeSettings
+from diagnoser.config import (
+    PROBE_MAX_CONNECTIONS_CEILING,
+    PROBE_MAX_DURATION_CEILING_S,
+    PROBE_MAX_RATE_CEILING,
+    PROBE_REQUEST_TIMEOUT_CEILING_S,
+    ProbeSettings,
+)
 from diagnoser.errors import ConfigError, ProbeSafetyError
 
 __all__ = [
@@ -39,6 +48,9 @@ __all__ = [
     "Schedule",
     "Segment",
     "StepsSchedule",
+    "address_refusal",
+    "check_resolved_addresses",
+    "effective_caps",
     "enforce_safety",
     "load_probe_file",
     "spec_from_url",
@@ -151,7 +163,7 @@ class ProbeSpec(_Strict):
     #: Per-request timeout; a request still running then counts as ``timeout``. No retries, ever.
     timeout_s: float | None = Field(default=None, gt=0)
     #: Connection pool size; default: enough for the peak rate at the timeout (Little's law).
-    max_connections: int | None = Field(default=None, ge=1, le=20000)
+    max_connections: int | None = Field(default=None, ge=1)
     verify_tls: bool = True
     #: Error ratio over ``abort_window_s`` that stops the run; defaults come from the config.
     abort_error_ratio: float | None = Field(default=None, gt=0, le=1)
@@ -277,6 +289,20 @@ def host_allowed(host: str, allowed: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(host, pattern.lower()) for pattern in allowed)
 
 
+def effective_caps(settings: ProbeSettings) -> tuple[float, float, float, int]:
+    """``(rate, duration_s, timeout_s, connections)`` caps: the config's, never above the ceilings.
+
+    The config is validated against the ceilings already; this holds even for settings built
+    without validation.
+    """
+    return (
+        min(settings.max_rate, PROBE_MAX_RATE_CEILING),
+        min(settings.max_duration_s, PROBE_MAX_DURATION_CEILING_S),
+        min(settings.request_timeout_s, PROBE_REQUEST_TIMEOUT_CEILING_S),
+        min(settings.max_connections, PROBE_MAX_CONNECTIONS_CEILING),
+    )
+
+
 def enforce_safety(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> None:
     """Refuse (``ProbeSafetyError``) a spec over the caps, or a file's host outside the allowlist.
 
@@ -285,20 +311,27 @@ def enforce_safety(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target:
     (``probe.max_rate``, ``probe.max_duration_s``) raises them.
     """
     problems: list[str] = []
-    if spec.peak_rate > settings.max_rate:
+    max_rate, max_duration, max_timeout, max_connections = effective_caps(settings)
+    if spec.peak_rate > max_rate:
         problems.append(
-            f"rate {spec.peak_rate:g} req/s exceeds the cap of {settings.max_rate:g} req/s "
-            "(raise probe.max_rate in the config to allow it)"
+            f"rate {spec.peak_rate:g} req/s exceeds the cap of {max_rate:g} req/s "
+            f"(probe.max_rate, at most {PROBE_MAX_RATE_CEILING:g})"
         )
-    if spec.duration_s > settings.max_duration_s:
+    if spec.duration_s > max_duration:
         problems.append(
-            f"duration {spec.duration_s:g} s exceeds the cap of {settings.max_duration_s:g} s "
-            "(raise probe.max_duration_s in the config to allow it)"
+            f"duration {spec.duration_s:g} s exceeds the cap of {max_duration:g} s "
+            f"(probe.max_duration_s, at most {PROBE_MAX_DURATION_CEILING_S:g})"
         )
-    timeout = spec.timeout_s if spec.timeout_s is not None else settings.request_timeout_s
-    if timeout > settings.request_timeout_s and not math.isclose(timeout, settings.request_timeout_s):
+    timeout = spec.timeout_s if spec.timeout_s is not None else max_timeout
+    if timeout > max_timeout and not math.isclose(timeout, max_timeout):
         problems.append(
-            f"timeout {timeout:g} s exceeds probe.request_timeout_s ({settings.request_timeout_s:g} s)"
+            f"timeout {timeout:g} s exceeds probe.request_timeout_s ({max_timeout:g} s,"
+            f" at most {PROBE_REQUEST_TIMEOUT_CEILING_S:g})"
+        )
+    if spec.max_connections is not None and spec.max_connections > max_connections:
+        problems.append(
+            f"max_connections {spec.max_connections} exceeds the cap of {max_connections}"
+            f" (probe.max_connections, at most {PROBE_MAX_CONNECTIONS_CEILING})"
         )
     if not explicit_target and not host_allowed(spec.host, settings.allowed_hosts):
         allowed = ", ".join(settings.allowed_hosts) or "none configured"
@@ -306,5 +339,82 @@ def enforce_safety(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target:
             f"host {spec.host!r} is not in probe.allowed_hosts ({allowed}); "
             "add it to the config, or type the URL on the command line"
         )
+    if problems:
+        raise ProbeSafetyError(f"probe {spec.name} refused: " + "; ".join(problems))
+
+
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure/OpenStack, AWS over IPv6, Alibaba): a probe
+#: aimed at them reads credentials, not a service.
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+
+
+def _special_kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    if ip in METADATA_ADDRESSES:
+        return "cloud metadata"
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_unspecified:
+        return "unspecified"
+    return None
+
+
+def address_refusal(host: str, address: str, settings: ProbeSettings, *, explicit_target: bool) -> str | None:
+    """Why ``host`` may not be probed at ``address`` (one it resolved to), or ``None`` if it may.
+
+    Loopback, link-local (cloud metadata among them) and unspecified addresses need explicit
+    permission: the address typed as the URL's host on the command line (or ``localhost`` for
+    loopback), or the address itself matching an ``allowed_hosts`` entry (``127.0.0.1``,
+    ``127.0.0.*``). An allowed *name* does not carry its DNS answer with it: a name that
+    resolves to such an address is refused, whatever the allowlist says about the name.
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    kind = _special_kind(ip)
+    if kind is None:
+        return None
+    host = host.strip("[]").lower()
+    typed_literally = host == address.lower() or (host == "localhost" and kind == "loopback")
+    if explicit_target and typed_literally:
+        return None
+    if host_allowed(str(ip), settings.allowed_hosts):
+        return None
+    return (
+        f"{host!r} resolves to {ip}, a {kind} address: add {ip} itself to probe.allowed_hosts,"
+        " or type that address as the URL on the command line"
+    )
+
+
+async def check_resolved_addresses(
+    spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool
+) -> None:
+    """Refuse (``ProbeSafetyError``) a target whose name resolves to an address it may not use.
+
+    The transport applies the same rule at each connection (a name can resolve differently
+    later); this check refuses the run up front with a clear message. A name that does not
+    resolve is left to the run, which reports it as a connect error.
+    """
+    host = spec.host.strip("[]")
+    try:
+        addresses = [ipaddress.ip_address(host).compressed]
+    except ValueError:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return
+        addresses = sorted({str(info[4][0]) for info in infos})
+    problems = [
+        reason
+        for address in addresses
+        if (reason := address_refusal(host, address, settings, explicit_target=explicit_target))
+    ]
     if problems:
         raise ProbeSafetyError(f"probe {spec.name} refused: " + "; ".join(problems))

@@ -36,6 +36,7 @@ from diagnoser.config import ElasticsearchSettings
 from diagnoser.elasticsearch.hot_threads import HotThreadsNode, parse_hot_threads
 from diagnoser.elasticsearch.node_stats import NodeStats, parse_node_stats
 from diagnoser.models import SourceError
+from diagnoser.redact import redact_url, scrub_text
 
 __all__ = ["COMPAT_JSON", "ElasticsearchSource", "NodeStatsSample"]
 
@@ -152,7 +153,9 @@ class ElasticsearchSource:
             try:
                 url_to_node_config(url)
             except ValueError as exc:
-                raise ValueError(f"invalid Elasticsearch URL {url!r}: {exc}") from exc
+                raise ValueError(
+                    f"invalid Elasticsearch URL {redact_url(url)!r}: {scrub_text(str(exc))}"
+                ) from exc
         return cls(
             settings.urls,
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
@@ -212,7 +215,7 @@ class ElasticsearchSource:
     # -- the one request path ---------------------------------------------------------------
 
     def _error(self, request: str, message: str) -> SourceError:
-        return SourceError(source=SOURCE, message=f"{request}: {message}")
+        return SourceError(source=SOURCE, message=scrub_text(f"{request}: {message}"))
 
     async def _request(
         self, path: str, params: Mapping[str, Any] | None = None, *, text: bool = False
@@ -259,7 +262,8 @@ class ElasticsearchSource:
         except TlsError as exc:
             return self._error(request, f"TLS error: {exc.message if hasattr(exc, 'message') else exc}")
         except TransportConnectionError as exc:
-            return self._error(request, f"cannot connect to {', '.join(self.urls)}: {exc.message}")
+            where = ", ".join(map(redact_url, self.urls))
+            return self._error(request, f"cannot connect to {where}: {exc.message}")
         except SerializationError as exc:
             return self._error(request, f"response is not valid JSON: {str(exc)[:200]}")
         except Exception as exc:  # the contract: no client exception escapes a source

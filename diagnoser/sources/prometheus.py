@@ -29,6 +29,7 @@ import httpx
 
 from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
+from diagnoser.redact import redact_url, scrub_text
 
 __all__ = ["PrometheusSource", "Sample", "rewrite_metric_names"]
 
@@ -87,13 +88,14 @@ class PrometheusSource:
             raise ValueError("PrometheusSource needs a URL")
         parsed = httpx.URL(self.settings.url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"{self.settings.url!r} is not an http(s) URL")
+            raise ValueError(f"{redact_url(str(self.settings.url))!r} is not an http(s) URL")
         if self.settings.ca_file is not None and not self.settings.ca_file.is_file():
             raise ValueError(f"ca_file {self.settings.ca_file} does not exist")
 
     @property
     def url(self) -> str:
-        return str(self.settings.url).rstrip("/")
+        """The endpoint fit to print: credentials in it replaced by ``***``."""
+        return redact_url(str(self.settings.url).rstrip("/"))
 
     def _make_client(self) -> httpx.AsyncClient:
         verify: ssl.SSLContext | bool = self.settings.verify_tls
@@ -112,7 +114,8 @@ class PrometheusSource:
             max_keepalive_connections=self.settings.max_concurrency,
         )
         return httpx.AsyncClient(
-            base_url=self.url,
+            # The real URL (credentials and all): self.url is only for what is printed.
+            base_url=str(self.settings.url).rstrip("/"),
             headers=headers,
             auth=auth,
             verify=verify,
@@ -273,7 +276,7 @@ class PrometheusSource:
         return error
 
     def _error(self, message: str) -> SourceError:
-        return SourceError(source=SOURCE, message=message)
+        return SourceError(source=SOURCE, message=scrub_text(message))
 
 
 def _api_data(response: httpx.Response, url: str, query: str | None) -> Any:

@@ -149,6 +149,7 @@ def daemon_settings(
     slack: SlackFixtureServer | None = None,
     webhook: bool = False,
     state: Path | None = None,
+    slack_settings: dict[str, Any] | None = None,
     **daemon: Any,
 ) -> Settings:
     """Settings for a fast daemon: 0.4 s diagnoses, no jitter, only the test rule."""
@@ -160,6 +161,9 @@ def daemon_settings(
             if webhook
             else {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url}
         )
+        # Fast retries so a test sees several; a short settle time for posts in doubt.
+        slack_config.update({"retry_base_s": 0.2, "retry_max_s": 1.0, "timeout_s": 1, "in_doubt_settle_s": 1.5})
+        slack_config.update(slack_settings or {})
     values: dict[str, Any] = {
         "diagnose_interval_s": 0.4,
         "jitter_s": 0,

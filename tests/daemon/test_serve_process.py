@@ -213,10 +213,9 @@ def test_logs_never_show_secrets(
             headers={"Authorization": f"Bearer {secrets['alertmanager token']}", "Content-Type": "application/json"},
         )
         status, answer = _get(right, timeout=15)
-        assert status == 200, answer
-        assert [f["labels"]["pool"] for f in json.loads(answer)["findings"]
-                if f["cause"] == "connection_pool_exhaustion"] == ["vault"]
+        assert status == 202, answer
         _wait(lambda: len(slack.messages) >= 2, 10, "the alert report", process, log)
+        assert "vault" in slack.messages[1].text
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
     finally:

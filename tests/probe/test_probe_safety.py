@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from diagnoser.config import ProbeSettings
 from diagnoser.errors import ProbeSafetyError
@@ -40,10 +41,14 @@ async def test_a_flag_over_the_cap_is_refused_too() -> None:
         await run_probe(spec, ProbeSettings(), explicit_target=True)
 
 
-async def test_the_config_raises_the_cap(server: DelayServer) -> None:
-    spec = spec_from_url(f"{server.url}/delay?ms=1", rate=1200, duration_s=0.05)
-    result = await run_probe(spec, ProbeSettings(max_rate=2000), explicit_target=True)
-    assert result.sent == 60
+async def test_the_config_lowers_the_cap_and_cannot_pass_the_ceiling(server: DelayServer) -> None:
+    spec = spec_from_url(f"{server.url}/delay?ms=1", rate=200, duration_s=0.05)
+    with pytest.raises(ProbeSafetyError, match="exceeds the cap of 100 req/s"):
+        await run_probe(spec, ProbeSettings(max_rate=100), explicit_target=True)
+    with pytest.raises(ValidationError, match="less than or equal to 1000"):
+        ProbeSettings(max_rate=2000)
+    result = await run_probe(spec, ProbeSettings(max_rate=1000), explicit_target=True)
+    assert result.sent == 10
 
 
 async def test_a_host_outside_the_allowlist_is_refused_before_any_request(
