@@ -54,6 +54,28 @@ class OutputFormat(StrEnum):
     markdown = "markdown"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("diagnoser")
+        except PackageNotFoundError:  # a source tree on sys.path, never installed
+            installed = "unknown"
+        typer.echo(f"diagnose {installed}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Find why a service is slow or failing: the root cause, the evidence and a number to act on."""
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     stderr.print("[red]error:[/red] ", end="")
     stderr.print(message, markup=False, highlight=False, soft_wrap=True)

