@@ -3,14 +3,16 @@
 # the real servers the tests run (Prometheus, Redis, redis_exporter, elasticsearch_exporter),
 # load-generator references (wrk, hey), a virtualenv with diagnoser installed in it, and the
 # helm and kubectl binaries the deployment tests render the chart and the kustomize overlays with.
-# DIAGNOSER_IMAGE_TEST=1 also installs a container builder (podman) for the image test.
+# A container builder (podman) for the image test comes too under CI (CI=true) or with
+# DIAGNOSER_IMAGE_TEST=1; DIAGNOSER_IMAGE_TEST=0 leaves it out.
 # Safe to re-run: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl python3-venv)
 NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl)
-if [ "${DIAGNOSER_IMAGE_TEST:-0}" = 1 ]; then
+image_test=${DIAGNOSER_IMAGE_TEST:-$([ "${CI:-}" = true ] && echo 1 || echo 0)}
+if [ "$image_test" = 1 ]; then
   # podman builds the image; runc and debootstrap let it run where crun or a registry cannot
   # (tests/deploy/test_image.py makes a local Debian base when the pinned one cannot be pulled).
   APT_PACKAGES+=(podman runc debootstrap)
