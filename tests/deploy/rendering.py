@@ -1,7 +1,7 @@
 """Render deploy/ the way users do (``helm template``, ``kubectl kustomize``) and check the objects.
 
 The binaries come from ``scripts/setup.sh`` (into the virtualenv's ``bin``, next to the Python
-running the tests) or from ``PATH``; a test that needs a missing one is skipped with the reason.
+running the tests) or from ``PATH``: ``helm`` is Helm 4, ``helm3`` Helm 3; a test that needs a missing one is skipped with the reason.
 Validation uses kubernetes-validate's bundled schemas, so it runs offline, for each version in
 :data:`KUBERNETES_VERSIONS`: the chart's ``kubeVersion`` floor and a recent release.
 """
@@ -62,24 +62,27 @@ def helm_template(
     set_values: Sequence[str] = (),
     release: str = "diagnoser",
     namespace: str = "diagnoser",
+    helm: str = "helm",
 ) -> list[dict[str, Any]]:
     """``helm template``: the objects ``helm install`` would create."""
-    done = _helm_template(values_files, set_values, release, namespace)
+    done = _helm_template(helm, values_files, set_values, release, namespace)
     assert done.returncode == 0, f"helm template failed:\n{done.stderr}"
     return _documents(done.stdout)
 
 
-def helm_template_error(values_files: Sequence[Path] = (), *, set_values: Sequence[str] = ()) -> str:
+def helm_template_error(
+    values_files: Sequence[Path] = (), *, set_values: Sequence[str] = (), helm: str = "helm"
+) -> str:
     """What ``helm template`` prints when it refuses the values (fails the test if it does not)."""
-    done = _helm_template(values_files, set_values, "diagnoser", "diagnoser")
+    done = _helm_template(helm, values_files, set_values, "diagnoser", "diagnoser")
     assert done.returncode != 0, f"helm accepted values it should reject: {values_files} {set_values}"
     return done.stderr
 
 
 def _helm_template(
-    values_files: Sequence[Path], set_values: Sequence[str], release: str, namespace: str
+    helm: str, values_files: Sequence[Path], set_values: Sequence[str], release: str, namespace: str
 ) -> subprocess.CompletedProcess[str]:
-    argv = [tool("helm"), "template", release, str(CHART), "--namespace", namespace]
+    argv = [tool(helm), "template", release, str(CHART), "--namespace", namespace]
     for path in values_files:
         argv += ["--values", str(path)]
     for assignment in set_values:

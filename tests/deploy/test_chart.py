@@ -286,31 +286,56 @@ def test_an_image_digest_wins_over_the_tag() -> None:
     assert container["image"] == f"ghcr.io/diagnoser/diagnoser:{chart['appVersion']}"
 
 
-@pytest.mark.parametrize(
-    ("set_values", "expected"),
-    [
-        ([], r"at '/prometheus': missing property 'url'"),
-        ([PROMETHEUS, "replicas=two"], r"at '/replicas': got string, want integer"),
-        ([PROMETHEUS, "replicas=0"], r"at '/replicas': minimum: got 0, want 1"),
-        (["prometheus.url=prometheus:9090"], r"at '/prometheus/url'"),
-        ([PROMETHEUS, "replica=2"], r"additional properties 'replica' not allowed"),
-        ([PROMETHEUS, "slo.errorRatio=5"], r"at '/slo/errorRatio'"),
-    ],
-    ids=[
-        "missing-url",
-        "replicas-not-a-number",
-        "no-replicas",
-        "url-without-scheme",
-        "misspelt-key",
-        "ratio-above-1",
-    ],
-)
-def test_the_values_schema_refuses_bad_values_with_a_clear_error(
-    set_values: list[str], expected: str
-) -> None:
-    error = helm_template_error(set_values=set_values)
+# What each Helm major prints for a refused value: both name the value and the reason.
+SCHEMA_CASES = {
+    "missing-url": (
+        [],
+        {"helm": r"at '/prometheus': missing property 'url'", "helm3": r"prometheus: url is required"},
+    ),
+    "replicas-not-a-number": (
+        [PROMETHEUS, "replicas=two"],
+        {
+            "helm": r"at '/replicas': got string, want integer",
+            "helm3": r"replicas: Invalid type. Expected: integer, given: string",
+        },
+    ),
+    "no-replicas": (
+        [PROMETHEUS, "replicas=0"],
+        {
+            "helm": r"at '/replicas': minimum: got 0, want 1",
+            "helm3": r"replicas: Must be greater than or equal to 1",
+        },
+    ),
+    "url-without-scheme": (
+        ["prometheus.url=prometheus:9090"],
+        {"helm": r"at '/prometheus/url'", "helm3": r"prometheus.url: Does not match pattern"},
+    ),
+    "misspelt-key": (
+        [PROMETHEUS, "replica=2"],
+        {
+            "helm": r"additional properties 'replica' not allowed",
+            "helm3": r"Additional property replica is not allowed",
+        },
+    ),
+    "ratio-above-1": (
+        [PROMETHEUS, "slo.errorRatio=5"],
+        {"helm": r"at '/slo/errorRatio'", "helm3": r"slo.errorRatio: Must be less than or equal to 1"},
+    ),
+}
+
+
+@pytest.mark.parametrize("helm", ["helm", "helm3"])
+@pytest.mark.parametrize("case", sorted(SCHEMA_CASES))
+def test_the_values_schema_refuses_bad_values_with_a_clear_error(helm: str, case: str) -> None:
+    set_values, expected = SCHEMA_CASES[case]
+    error = helm_template_error(set_values=set_values, helm=helm)
     assert "values don't meet the specifications of the schema" in error
-    assert re.search(expected, error), error
+    assert re.search(expected[helm], error), error
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_helm_3_renders_what_helm_4_renders(name: str) -> None:
+    assert helm_template([VALUES[name]], helm="helm3") == render(name)
 
 
 def test_credentials_come_from_one_place() -> None:
