@@ -132,3 +132,20 @@ def test_ha_and_servicemonitor_compose(tmp_path: Path) -> None:
     assert validation_problems(objects, KUBERNETES_VERSIONS) == []
     # Each pod is scraped once: through the Service "diagnoser", not the headless one too.
     assert scraped_services(one(objects, "ServiceMonitor"), objects) == ["diagnoser"]
+
+
+def test_the_security_check_names_what_a_pod_gives_away() -> None:
+    deployment = copy.deepcopy(one(kustomize(KUSTOMIZE_BASE), "Deployment"))
+    pod = deployment["spec"]["template"]["spec"]
+    pod["securityContext"]["runAsNonRoot"] = False
+    container = pod["containers"][0]
+    container["securityContext"]["readOnlyRootFilesystem"] = False
+    container["securityContext"]["allowPrivilegeEscalation"] = True
+    container["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert pod_security_problems(deployment) == [
+        "Deployment/diagnoser: pod runAsNonRoot is not true",
+        "Deployment/diagnoser container diagnoser: allowPrivilegeEscalation is not false",
+        "Deployment/diagnoser container diagnoser: root filesystem is writable",
+        "Deployment/diagnoser container diagnoser: capabilities {'drop': ['ALL'], 'add': ['NET_ADMIN']} "
+        "(want drop [ALL], add none)",
+    ]
