@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean image
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,11 @@ lint: setup
 
 bench: setup
 	$(PY) bench/diagnose.py
+
+# The container image, with docker, podman or buildah (whichever is installed): IMAGE=name:tag,
+# BASE_IMAGE=..., BUILDER=podman, BUILD_FLAGS=... are passed on (scripts/build-image.sh).
+image:
+	@bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist *.egg-info

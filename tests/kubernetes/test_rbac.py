@@ -1,9 +1,10 @@
-"""The ClusterRole in deploy/ grants exactly what the code reads (RESOURCES), read-only, no wildcards."""
+"""The ClusterRoles in deploy/ (the kustomize base's and the Helm chart's) grant exactly what the
+code reads (RESOURCES), read-only, no wildcards."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from diagnoser.checks.registry import CheckContext
 from diagnoser.config import Settings
 from diagnoser.sources import Sources
 from diagnoser.sources.kubernetes_resources import RBAC_VERBS, RESOURCES, ResourceKind
+from tests.deploy.rendering import helm_template, one
 from tests.fixtures.k8s import objects as o
 from tests.fixtures.k8s import scenarios
 from tests.fixtures.k8s.objects import AT
@@ -67,8 +69,15 @@ def load_role() -> dict[str, Any]:
     return role
 
 
-def test_clusterrole_matches_the_resources_the_code_reads() -> None:
-    assert rbac_problems(load_role(), RESOURCES.values()) == []
+def chart_role() -> dict[str, Any]:
+    """The ClusterRole ``helm install`` creates with the chart's default values."""
+    rendered = helm_template(set_values=["prometheus.url=http://prometheus:9090"])
+    return dict(one(rendered, "ClusterRole"))
+
+
+@pytest.mark.parametrize("role", [load_role, chart_role], ids=["kustomize-base", "helm-chart"])
+def test_clusterrole_matches_the_resources_the_code_reads(role: Callable[[], dict[str, Any]]) -> None:
+    assert rbac_problems(role(), RESOURCES.values()) == []
 
 
 def test_consistency_check_fails_when_a_read_is_not_granted() -> None:

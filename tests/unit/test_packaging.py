@@ -23,6 +23,7 @@ def test_wheel_ships_rules_runbooks_and_probes(tmp_path: Path) -> None:
     assert {f"diagnoser/_data/rules/{name}" for name in shipped_rules} <= names
     assert "diagnoser/_data/rules/pools/pool-exhaustion.md" in names
     assert any(n.startswith("diagnoser/_data/probes/") for n in names)
+    assert "diagnoser/_data/signals/pools.yaml" in names  # the signal catalogue ships too
     assert "diagnoser/py.typed" in names
 
     # Installed from the wheel, the loader finds the packaged pack (not a source checkout).
