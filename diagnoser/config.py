@@ -264,6 +264,14 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(duration: str) -> float:
+    """A PromQL duration (``1h30m``) in seconds."""
+    return float(sum(int(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)))
+
+
 class Settings(BaseSettings):
     """All of diagnoser's configuration. Build it with :func:`load_settings`."""
 
@@ -294,15 +302,27 @@ class Settings(BaseSettings):
     deadline_s: float = Field(default=30.0, gt=0)
     #: Labels added to every report (cluster name, environment).
     context_labels: dict[str, str] = Field(default_factory=dict)
-    #: The range rules average and rate over (``${window}`` in their queries), a PromQL duration.
+    #: The range rules average and rate over (``${window}`` in their queries), a PromQL duration:
+    #: the evidence and the numbers a finding shows.
     window: str = "5m"
+    #: The range rules *confirm* a problem over (``${confirm_window}`` in their conditions), so a
+    #: problem that starts is reported within a diagnose interval or two plus this, not after the
+    #: whole averaging window. Default: the shorter of ``window`` and 2m.
+    confirm_window: str | None = None
     #: Known problems to keep quiet until a time, each with a comment (``diagnose now`` and ``serve``).
     silences: list[Silence] = Field(default_factory=list)
 
-    @field_validator("window")
+    @property
+    def effective_confirm_window(self) -> str:
+        """``confirm_window``, or the shorter of ``window`` and 2m."""
+        if self.confirm_window is not None:
+            return self.confirm_window
+        return self.window if duration_seconds(self.window) <= 120 else "2m"
+
+    @field_validator("window", "confirm_window")
     @classmethod
-    def _promql_duration(cls, value: str) -> str:
-        if not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", value):
+    def _promql_duration(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", value):
             raise ValueError(f"{value!r} is not a PromQL duration like 30s or 5m")
         return value
 

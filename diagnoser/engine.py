@@ -261,6 +261,7 @@ def _finding(
             "slo.p99_ms": settings.slo.p99_ms,
             "slo.error_ratio": settings.slo.error_ratio,
             "window": settings.window,
+            "confirm_window": settings.effective_confirm_window,
         }
     )
     values.update(primary.labels)

@@ -35,7 +35,7 @@ _BY = re.compile(r"\bby\s*\(([^()]*)\)")
 _LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 #: Values every finding has besides its labels.
 _ALWAYS = {
-    *("value", "threshold", "detail", "count", "subject", "caveats", "window"),
+    *("value", "threshold", "detail", "count", "subject", "caveats", "window", "confirm_window"),
     *("slo.p99_ms", "slo.error_ratio"),
 }
 #: Labels a signal query's answers always carry: the scrape job (as ``service`` and ``job``).

@@ -148,6 +148,7 @@ class Rule:
             signals=settings.signals if signals is None else signals,
             params=self.params_for(settings),
             window=settings.window,
+            confirm_window=settings.effective_confirm_window,
         )
 
 

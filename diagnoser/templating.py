@@ -75,17 +75,20 @@ def variables_for(
     signals: Mapping[str, str],
     params: Mapping[str, Any],
     window: str = "5m",
+    confirm_window: str = "2m",
 ) -> dict[str, Any]:
     """The flat placeholder namespace a rule sees.
 
     ``window`` is the range rules average and rate over (``avg_over_time(x[${window}])``): 5m
     for a diagnosis of the present, the length of one load step for ``diagnose capacity``.
+    ``confirm_window`` is the shorter range conditions confirm a problem over.
     """
     variables: dict[str, Any] = {
         "slo.p99_ms": slo_p99_ms,
         "slo.p99_seconds": slo_p99_ms / 1000.0,
         "slo.error_ratio": slo_error_ratio,
         "window": window,
+        "confirm_window": confirm_window,
     }
     variables.update({f"signals.{name}": metric for name, metric in signals.items()})
     variables.update({f"params.{name}": value for name, value in params.items()})
