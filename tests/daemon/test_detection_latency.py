@@ -11,23 +11,20 @@ onset: with conditions averaged over the 5 m window it would take minutes.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from diagnoser.local_prometheus import LocalPrometheus, free_port
-from tests.fixtures.pool_services.launch import pool_service
+from tests.fixtures.pool_services.launch import clients, pool_service
 from tests.fixtures.slack_server import SlackFixtureServer
 
 pytestmark = pytest.mark.integration
@@ -37,26 +34,6 @@ CONFIRM_S = 10.0
 #: A scrape, one exporter refresh and delivery's first attempt.
 SLACK_S = 5.0
 
-
-@contextlib.contextmanager
-def _clients(url: str, count: int, pause_s: float) -> Iterator[None]:
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(url, timeout=10):
-                pass
-            stop.wait(pause_s)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=15)
 
 
 def test_a_pool_filling_up_is_posted_within_two_intervals_plus_the_confirmation_window(tmp_path: Path) -> None:
@@ -91,11 +68,11 @@ def test_a_pool_filling_up_is_posted_within_two_intervals_plus_the_confirmation_
         )  # fmt: skip
         try:
             # About 20 % of the pool for a while: one request at a time, 0.1 s each.
-            with _clients(f"{service}/orders?hold_s=0.1", 1, 0.3):
+            with clients(f"{service}/orders?hold_s=0.1", 1, 0.3):
                 time.sleep(20)
             assert _pool_posts(slack) == []
             onset = time.monotonic()
-            with _clients(f"{service}/orders?hold_s=0.6", 20, 0.0):
+            with clients(f"{service}/orders?hold_s=0.6", 20, 0.0):
                 deadline = onset + 2 * INTERVAL_S + CONFIRM_S + SLACK_S + 10
                 while not _pool_posts(slack) and time.monotonic() < deadline:
                     time.sleep(0.2)

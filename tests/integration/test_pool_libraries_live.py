@@ -8,46 +8,20 @@ The services are the ones the recordings in tests/fixtures/expositions came from
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 
 from diagnoser.local_prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.fixtures.pool_services.launch import pool_service, redis_server
+from tests.fixtures.pool_services.launch import clients, pool_service, redis_server
 
 pytestmark = pytest.mark.integration
 
-
-@contextlib.contextmanager
-def _load(url: str, clients: int) -> Iterator[None]:
-    """``clients`` threads requesting ``url`` back to back until the block ends (bounded by it)."""
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                with urllib.request.urlopen(url, timeout=10):
-                    pass
-            except (urllib.error.URLError, OSError):
-                pass
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=15)
 
 
 def _wait_for(url: str, promql: str, timeout: float = 40.0) -> None:
@@ -66,7 +40,7 @@ def _diagnose_under_load(service_url: str, load_url: str, threads: int, pool_ser
     target = service_url.removeprefix("http://")
     with LocalPrometheus(scrape_targets=[target], scrape_interval="1s") as prometheus:
         _wait_for(prometheus.url, "up == 1")
-        with _load(load_url, threads):
+        with clients(load_url, threads):
             _wait_for(prometheus.url, pool_series)  # a pool opens its connections on first use
             time.sleep(15)
             result = run_cli(
