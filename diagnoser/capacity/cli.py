@@ -155,53 +155,57 @@ def _progress_printers(err: Console) -> tuple[Any, Any]:
     return on_progress, on_step
 
 
+Target = Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")]
+SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms a step must hold.")]
+ErrorRatio = Annotated[float, typer.Option("--max-error-ratio", help="Error ratio a step may have.")]
+StartRate = Annotated[float | None, typer.Option("--start-rate", help="First step's req/s (default max/10).")]
+MaxRate = Annotated[
+    float | None, typer.Option("--max-rate", help="Highest req/s (default and cap: probe.max_rate).")
+]
+StepSeconds = Annotated[float, typer.Option("--step-s", help="Seconds per step.")]
+FixedSteps = Annotated[
+    str | None, typer.Option("--steps", help="Fixed steps instead of a search: 1000,2000,3000.")
+]
+Growth = Annotated[float, typer.Option("--growth", help="Each climbing step is this times the last.")]
+Precision = Annotated[float, typer.Option("--precision", help="Narrow the knee to this share of it.")]
+PauseSeconds = Annotated[float, typer.Option("--pause-s", help="Quiet seconds between steps.")]
+WarmupSeconds = Annotated[
+    float, typer.Option("--warmup-s", help="Unjudged seconds at the start rate before the first step.")
+]
+MaxSteps = Annotated[int, typer.Option("--max-steps", help="Never more steps than this.", min=1, max=50)]
+ExpectRps = Annotated[
+    float | None, typer.Option("--expect-rps", help="Exit 1 unless the capacity reaches this.")
+]
+PrometheusUrl = Annotated[
+    str | None, typer.Option("--prometheus-url", help="Evaluate the rules at each step.")
+]
+ConfigPath = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
+Output = Annotated[CapacityOutput, typer.Option("--format", "-f", help="table, json or markdown.")]
+PlotPath = Annotated[
+    Path | None, typer.Option("--plot", help="Write p99/p50 against rate to FILE (.svg or .png).")
+]
+PostToSlack = Annotated[bool, typer.Option("--slack", help="Post the report to the configured Slack once.")]
+
+
 def capacity_command(
-    target: Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")],
-    slo_p99_ms: Annotated[
-        float, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms a step must hold.")
-    ],
-    max_error_ratio: Annotated[
-        float, typer.Option("--max-error-ratio", help="Error ratio a step may have.")
-    ] = 0.001,
-    start_rate: Annotated[
-        float | None, typer.Option("--start-rate", help="First step's req/s (default max/10).")
-    ] = None,
-    max_rate: Annotated[
-        float | None, typer.Option("--max-rate", help="Highest req/s (default and cap: probe.max_rate).")
-    ] = None,
-    step_s: Annotated[float, typer.Option("--step-s", help="Seconds per step.")] = 30.0,
-    steps: Annotated[
-        str | None, typer.Option("--steps", help="Fixed steps instead of a search: 1000,2000,3000.")
-    ] = None,
-    growth: Annotated[
-        float, typer.Option("--growth", help="Each climbing step is this times the last.")
-    ] = 2.0,
-    precision: Annotated[
-        float, typer.Option("--precision", help="Narrow the knee to this share of it.")
-    ] = 0.1,
-    pause_s: Annotated[float, typer.Option("--pause-s", help="Quiet seconds between steps.")] = 1.0,
-    warmup_s: Annotated[
-        float, typer.Option("--warmup-s", help="Unjudged seconds at the start rate before the first step.")
-    ] = 2.0,
-    max_steps: Annotated[
-        int, typer.Option("--max-steps", help="Never more steps than this.", min=1, max=50)
-    ] = 16,
-    expect_rps: Annotated[
-        float | None, typer.Option("--expect-rps", help="Exit 1 unless the capacity reaches this.")
-    ] = None,
-    prometheus_url: Annotated[
-        str | None, typer.Option("--prometheus-url", help="Evaluate the rules at each step.")
-    ] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")] = None,
-    output: Annotated[
-        CapacityOutput, typer.Option("--format", "-f", help="table, json or markdown.")
-    ] = CapacityOutput.table,
-    plot: Annotated[
-        Path | None, typer.Option("--plot", help="Write p99/p50 against rate to FILE (.svg or .png).")
-    ] = None,
-    slack: Annotated[
-        bool, typer.Option("--slack", help="Post the report to the configured Slack once.")
-    ] = False,
+    target: Target,
+    slo_p99_ms: SloP99,
+    max_error_ratio: ErrorRatio = 0.001,
+    start_rate: StartRate = None,
+    max_rate: MaxRate = None,
+    step_s: StepSeconds = 30.0,
+    steps: FixedSteps = None,
+    growth: Growth = 2.0,
+    precision: Precision = 0.1,
+    pause_s: PauseSeconds = 1.0,
+    warmup_s: WarmupSeconds = 2.0,
+    max_steps: MaxSteps = 16,
+    expect_rps: ExpectRps = None,
+    prometheus_url: PrometheusUrl = None,
+    config: ConfigPath = None,
+    output: Output = CapacityOutput.table,
+    plot: PlotPath = None,
+    slack: PostToSlack = False,
 ) -> None:
     """Step open-loop load up to the SLO's knee; name the cause that appears there."""
     err = Console(stderr=True)
@@ -210,7 +214,11 @@ def capacity_command(
         overrides["prometheus"] = {"url": prometheus_url}
     try:
         settings = load_settings(config, overrides=overrides)
-        options = _options(settings, locals())
+        options = _options(
+            settings,
+            dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
+                 pause_s=pause_s, warmup_s=warmup_s, max_steps=max_steps, expect_rps=expect_rps),
+        )  # fmt: skip
         plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio)
         if plot is not None:
             check_plot_path(plot)

@@ -98,7 +98,10 @@ def render_capacity_table(report: CapacityReport) -> RenderableType:
     """The terminal view: headline, step table, chart, bottleneck, first failing step's findings."""
     table = Table(title=f"capacity of {report.target}", box=box.SIMPLE_HEAVY, title_justify="left")
     for column in _COLUMNS:
-        table.add_column(column, justify="left" if column in ("held", "new findings") else "right")
+        if column in ("held", "new findings"):
+            table.add_column(column, justify="left", overflow="fold", min_width=10)
+        else:
+            table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
     for step in report.steps:
         style = "green" if step.held else "red"
         table.add_row(*step_cells(step), style=style)

@@ -166,12 +166,14 @@ class CapacityRun:
     def _noise(self, step: StepMeasurement, retried: set[float]) -> bool:
         """Whether a failed step is run once more before it counts.
 
-        A p99 over the SLO while the service kept up with the offered rate can be one stall of
-        the host (a few tens of milliseconds fail a step of a few seconds); a knee is sustained
-        behaviour, so such a step counts only if it fails again. A step that could not keep up
-        (served below offered) or failed on errors counts at once.
+        A p99 over the SLO can be one stall of the host (a few tens of milliseconds fail a step
+        of a few seconds); a knee is sustained behaviour, so such a step counts only if it fails
+        again. A step that could not keep up (served below offered) above a rate that held is
+        overload, not a stall, and counts at once, as does a step that failed on errors.
         """
-        if step.failed_on != "latency" or _saturated(step) or step.rate in retried:
+        if step.failed_on != "latency" or step.rate in retried:
+            return False
+        if _saturated(step) and any(rate < step.rate for rate in self.search.held):
             return False
         retried.add(step.rate)
         return True
