@@ -8,9 +8,12 @@ the lowest-rate step that failed (F). A cause found at F qualifies when it
 - was present at H too but its measured values rose markedly from H to F (a pool already near
   its limit at H that is pinned at F with a growing queue).
 
-Among those, a cause that appeared ranks before one that only rose; then a cause that explains
-the symptom the step failed on (``latency_slo_breach`` for latency, ``error_rate_breach`` for
-errors); then one on the service whose symptom fired; then the one whose values rose most.
+If the first failing step shows no such cause (a step just past the knee, stopped early, may
+not have pushed any signal over its threshold yet), the failing steps above it are read in rate
+order, and a note says at which rate the cause showed. Among the causes, one that appeared ranks
+before one that only rose; then a cause that explains the symptom the step failed on
+(``latency_slo_breach`` for latency, ``error_rate_breach`` for errors); then one on the service
+whose symptom fired; then the one whose values rose most.
 Nothing here reads a rule's query text or assumes label names: findings are compared by rule
 id and labels, values by the evidence rows' positions. When no cause qualifies, nothing is
 named and a note says so plainly: the limit is outside what Prometheus sees.
