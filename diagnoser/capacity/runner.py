@@ -199,6 +199,13 @@ class CapacityRun:
             for s in counted
         ]
         bottleneck, notes = find_bottleneck(evaluated)
+        errors = self._errors(steps, sources)
+        if bottleneck is None and errors and notes:
+            # Silence from a source that could not answer is not "nothing changed".
+            notes = [
+                f"the rule pack could not read every source ({errors[0]}), so the bottleneck may be "
+                "one it could not see; see errors"
+            ]
         limit, limit_notes = self._limit(counted)
         first_fail = _first_failing(counted)
         retried = len(steps) - len(counted)
@@ -207,11 +214,6 @@ class CapacityRun:
                 f"{retried} step(s) went over the SLO while the service kept up and were run again; "
                 "only the second run counts (a stall of the host is not a knee)"
             )
-        errors: list[SourceError] = list(sources.errors) if sources is not None else []
-        for step in steps:
-            for error in step.diagnosis.errors if step.diagnosis is not None else []:
-                if error not in errors:
-                    errors.append(error)
         return CapacityReport(
             target=self.plan.spec.target,
             slo=SloTarget(p99_ms=self.plan.slo_p99_ms, error_ratio=self.plan.max_error_ratio),
@@ -226,6 +228,15 @@ class CapacityRun:
             expect_rps=self.options.expect_rps,
             evidence_checked=sources is not None,
         )
+
+    @staticmethod
+    def _errors(steps: list[_Step], sources: BuiltSources | None) -> list[SourceError]:
+        errors: list[SourceError] = list(sources.errors) if sources is not None else []
+        for step in steps:
+            for error in step.diagnosis.errors if step.diagnosis is not None else []:
+                if error not in errors:
+                    errors.append(error)
+        return errors
 
     def _limit(self, steps: list[_Step]) -> tuple[Limit, list[str]]:
         if self._stopped.is_set() or any(s.measurement.interrupted for s in steps):

@@ -190,6 +190,20 @@ def test_a_target_that_fails_every_request_stops_at_the_first_step_with_limit_er
     assert step["rate"] == 20 and not step["held"] and step["failed_on"] == "errors" and step["error_ratio"] == 1.0
 
 
+def test_a_prometheus_that_cannot_be_read_is_an_error_entry_not_a_crash_nor_a_verdict() -> None:
+    from diagnoser.local_prometheus import free_port
+
+    closed, prometheus = f"http://127.0.0.1:{free_port()}/x", f"http://127.0.0.1:{free_port()}"
+    result = run_cli("capacity", closed, "--slo-p99-ms", "50", "--step-s", "3", "--start-rate", "20",
+                     "--warmup-s", "0", "--prometheus-url", prometheus, "--format", "json", timeout=90)  # fmt: skip
+    assert result.code == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["limit"] == "errors" and report["bottleneck"] is None
+    assert report["errors"] and report["errors"][0]["source"] == "prometheus"
+    assert "could not read every source" in report["notes"][0]
+    assert "source_unavailable" in {f["cause"] for f in report["findings"]}
+
+
 def test_ctrl_c_during_a_step_prints_the_partial_table(healthy_bed: FeatureTestBed) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "diagnoser", "capacity", healthy_bed.url, "--slo-p99-ms", str(EASY_SLO_MS),
