@@ -89,6 +89,7 @@ def _options(settings: Settings, args: dict[str, Any]) -> CapacityOptions:
         fixed_steps=fixed,
         pause_s=args["pause_s"],
         warmup_s=args["warmup_s"],
+        scout=args["scout"],
         max_steps=args["max_steps"],
         expect_rps=args["expect_rps"],
     )
@@ -184,6 +185,9 @@ Output = Annotated[CapacityOutput, typer.Option("--format", "-f", help="table, j
 PlotPath = Annotated[
     Path | None, typer.Option("--plot", help="Write p99/p50 against rate to FILE (.svg or .png).")
 ]
+Scout = Annotated[
+    bool, typer.Option("--scout/--no-scout", help="Cut climbing steps short once they clearly hold.")
+]
 PostToSlack = Annotated[bool, typer.Option("--slack", help="Post the report to the configured Slack once.")]
 
 
@@ -199,6 +203,7 @@ def capacity_command(
     precision: Precision = 0.1,
     pause_s: PauseSeconds = 1.0,
     warmup_s: WarmupSeconds = 2.0,
+    scout: Scout = True,
     max_steps: MaxSteps = 16,
     expect_rps: ExpectRps = None,
     prometheus_url: PrometheusUrl = None,
@@ -217,7 +222,7 @@ def capacity_command(
         options = _options(
             settings,
             dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
-                 pause_s=pause_s, warmup_s=warmup_s, max_steps=max_steps, expect_rps=expect_rps),
+                 pause_s=pause_s, warmup_s=warmup_s, scout=scout, max_steps=max_steps, expect_rps=expect_rps),
         )  # fmt: skip
         plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio)
         if plot is not None:

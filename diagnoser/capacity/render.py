@@ -39,7 +39,7 @@ def step_cells(step: CapacityStep) -> list[str]:
     if not step.counted:
         verdict += " (run again)"
     elif step.stopped_early:
-        verdict += " (stopped early)"
+        verdict += " (scouted)" if step.held else " (stopped early)"
     return [
         f"{step.rate:g}",
         f"{step.achieved_rate:.1f}",

@@ -52,6 +52,8 @@ class CapacityOptions:
     pause_s: float = 1.0
     #: Seconds of unjudged load at the start rate before the first step.
     warmup_s: float = 2.0
+    #: Cut climbing steps short once they clearly hold (the capacity is confirmed by a full step).
+    scout: bool = True
     max_steps: int = 16
     expect_rps: float | None = None
 
@@ -144,8 +146,15 @@ class CapacityRun:
                 await self._pause()
                 if self._stopped.is_set():
                     return
+            # Climbing steps scout (see run_step); a rate run again to confirm it never does.
+            scout = self.options.scout and not self.search.failed and rate not in self.search.scouted
             measurement = await run_step(
-                self.plan, self.settings.probe, rate, on_start=self._started, on_progress=self.on_progress
+                self.plan,
+                self.settings.probe,
+                rate,
+                on_start=self._started,
+                on_progress=self.on_progress,
+                scout=scout and self.options.fixed_steps is None,
             )
             diagnosis = None
             if sources is not None and rules is not None and not measurement.interrupted:
@@ -159,7 +168,12 @@ class CapacityRun:
             if measurement.interrupted:
                 return
             if step.counted:
-                self.search.record(rate, held=measurement.held, served_rate=measurement.served_rate)
+                self.search.record(
+                    rate,
+                    held=measurement.held,
+                    served_rate=measurement.served_rate,
+                    scouted=measurement.stopped_early,
+                )
             if measurement.result.aborted and not measurement.stopped_early:
                 return  # the probe's own abort rule: no further step, whatever the search says
 

@@ -7,7 +7,9 @@ until that gap is within ``precision`` of the rate that held. A failing open-loo
 tells where the knee is: the service answered at about its capacity while the excess queued, so
 the next steps go just below and just above that served rate before falling back to plain
 bisection. That lands next to the knee in one or two steps instead of several, and never
-steps further into overload than the first failure did. ::
+steps further into overload than the first failure did. Climbing steps may be scouting steps,
+cut short once they clearly hold; the capacity is only ever a rate that held a full step, so
+a rate that held only a scouting step is run again in full before it is the answer. ::
 
     search = RateSearch(start_rate=50, max_rate=1000)
     while (rate := search.next_rate()) is not None:
@@ -40,6 +42,9 @@ class RateSearch:
     failed: list[float] = field(default_factory=list)
     #: The knee as the latest saturated step measured it (its served rate), if any.
     estimate: float | None = None
+    #: Rates that held on a shortened (scouting) step: the capacity is only claimed for a rate
+    #: that held a full step, so the last of these is run again in full before the answer.
+    scouted: set[float] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.start_rate <= 0 or self.max_rate <= 0:
@@ -64,8 +69,14 @@ class RateSearch:
         below = [r for r in self.held if ceiling is None or r < ceiling]
         return max(below) if below else None
 
-    def record(self, rate: float, *, held: bool, served_rate: float | None = None) -> None:
+    def record(
+        self, rate: float, *, held: bool, served_rate: float | None = None, scouted: bool = False
+    ) -> None:
         (self.held if held else self.failed).append(rate)
+        if held and scouted:
+            self.scouted.add(rate)
+        else:
+            self.scouted.discard(rate)
         if not held and served_rate is not None and served_rate < rate * _SATURATED_SHARE:
             self.estimate = served_rate
 
@@ -78,9 +89,13 @@ class RateSearch:
         if not self.failed:
             top = max(self.held)
             if top >= self.max_rate:
-                return None
+                return self._confirm(top)
             return _rounded(min(self.max_rate, top * self.growth))
         return self._narrow()
+
+    def _confirm(self, rate: float | None) -> float | None:
+        """``rate`` again when it only held a scouting step; else ``None``: the answer is known."""
+        return rate if rate is not None and rate in self.scouted else None
 
     def _next_fixed(self) -> float | None:
         assert self.fixed_steps is not None
@@ -93,7 +108,7 @@ class RateSearch:
         low, high = self.capacity, self.lowest_failure
         assert high is not None
         if low is None or high - low <= self.precision * low:
-            return None
+            return self._confirm(low)
         margin = self.precision / 4
         candidates: list[float] = []
         if self.estimate is not None:
@@ -104,7 +119,7 @@ class RateSearch:
             rate = _rounded(candidate)
             if low * (1 + margin) < rate < high * (1 - margin) and rate not in self.tried:
                 return rate
-        return None
+        return self._confirm(low)
 
 
 def _rounded(rate: float) -> float:

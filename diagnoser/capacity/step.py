@@ -101,6 +101,11 @@ class _Watcher:
             elif self.slow > self.slow_allowed:
                 self.settled = "latency"
 
+    @property
+    def clean(self) -> bool:
+        """Not one answer so far slower than the SLO or failed."""
+        return self.slow == 0 and not sum(self.run.recorder.failures.values()) and self._scanned > 0
+
     def served_rate(self) -> float | None:
         """Answers per second over the second half of the samples."""
         if len(self.samples) < 3:
@@ -118,8 +123,14 @@ async def run_step(
     *,
     on_start: Callable[[ProbeRun], None],
     on_progress: ProgressCallback | None = None,
+    scout: bool = False,
 ) -> StepMeasurement:
-    """Run one step at ``rate``; ``on_start`` receives the run so that Ctrl-C can stop it."""
+    """Run one step at ``rate``; ``on_start`` receives the run so that Ctrl-C can stop it.
+
+    A ``scout`` step (while the search climbs) also stops after ``min_step_s`` when not one
+    answer so far was slower than the SLO or failed: far below the knee, the rest of the step
+    would only confirm it. Its verdict is still computed from everything it sent.
+    """
     schedule = ConstantSchedule(rate=rate, duration_s=plan.step_s)
     spec = plan.spec.model_copy(update={"schedule": schedule})
     enforce_safety(spec, settings, explicit_target=plan.explicit_target)
@@ -137,9 +148,13 @@ async def run_step(
         watcher.check(elapsed, sending=not stopped_early)
         if on_progress is not None:
             on_progress(rate, run.live())
-        if watcher.settled and elapsed >= plan.min_step_s and not stopped_early and not task.done():
-            stopped_early = True
-            run.stop(f"the step's {watcher.settled} verdict was settled")
+        if elapsed >= plan.min_step_s and not stopped_early and not task.done():
+            if watcher.settled:
+                stopped_early = True
+                run.stop(f"the step's {watcher.settled} verdict was settled")
+            elif scout and watcher.clean:
+                stopped_early = True
+                run.stop("the scouting step held")
     result = task.result()
     watcher.check(plan.step_s, sending=False)
     interrupted = result.abort_reason == INTERRUPTED
@@ -149,17 +164,19 @@ async def run_step(
         started_at=started_wall,
         ended_at=started_wall + timedelta(seconds=result.duration_s),
         served_rate=watcher.served_rate(),
-        failed_on=None if interrupted else _verdict(result, plan, watcher.settled),
+        failed_on=None if interrupted else _verdict(result, plan, watcher.settled, stopped_early),
         stopped_early=stopped_early,
         interrupted=interrupted,
     )
 
 
-def _verdict(result: ProbeResult, plan: StepPlan, settled: Verdict | None) -> Verdict | None:
+def _verdict(
+    result: ProbeResult, plan: StepPlan, settled: Verdict | None, stopped_here: bool
+) -> Verdict | None:
     """``None`` when the step held; else ``"latency"`` or ``"errors"``."""
     if settled is not None:
         return settled
-    if result.aborted or result.error_ratio > plan.max_error_ratio:
+    if (result.aborted and not stopped_here) or result.error_ratio > plan.max_error_ratio:
         return "errors"  # the probe's own abort rule stopped it: too many errors
     p99 = result.latency_ms.p99
     if p99 is None or math.isnan(p99) or p99 > plan.slo_p99_ms:

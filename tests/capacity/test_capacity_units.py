@@ -72,6 +72,26 @@ def test_search_bounds(start: float, maximum: float, knee: float, expected: list
     assert drive(RateSearch(start_rate=start, max_rate=maximum), knee) == expected
 
 
+def test_a_rate_that_held_only_a_scouting_step_is_run_again_in_full_before_it_is_the_answer() -> None:
+    search = RateSearch(start_rate=100, max_rate=400)
+    for rate in (100, 200, 400):
+        assert search.next_rate() == rate
+        search.record(rate, held=True, scouted=True)
+    assert search.next_rate() == 400  # the maximum held only a scouting step: confirm it
+    search.record(400, held=True)
+    assert search.next_rate() is None and search.capacity == 400
+
+
+def test_a_scouted_rate_that_fails_its_confirmation_is_a_failure() -> None:
+    search = RateSearch(start_rate=100, max_rate=1000)
+    search.record(100, held=True, scouted=True)
+    search.record(200, held=False, served_rate=105)  # the knee is about 105: nothing left between
+    search.record(105, held=False, served_rate=104)
+    assert search.next_rate() == 100  # the bracket is closed on a scouted rate: confirm it
+    search.record(100, held=False)
+    assert search.capacity is None and search.next_rate() is None
+
+
 def test_fixed_steps_run_in_order_and_stop_at_the_first_failure() -> None:
     search = RateSearch(start_rate=1, max_rate=5000, fixed_steps=[1000, 2000, 3000, 4000, 5000])
     assert drive(search, knee=3500) == [1000, 2000, 3000, 4000]
