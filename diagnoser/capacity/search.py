@@ -112,8 +112,10 @@ class RateSearch:
         margin = self.precision / 4
         candidates: list[float] = []
         if self.estimate is not None:
-            # Just under the measured knee first (it should hold), then just over it.
-            candidates += [self.estimate * (1 - self.precision / 2), self.estimate * (1 + self.precision / 2)]
+            # Just under the measured knee first (it should hold), then just over it: close enough
+            # together (0.8 of the precision) that the pair closes the gap when the estimate is right.
+            spread = 0.4 * self.precision
+            candidates += [self.estimate * (1 - spread), self.estimate * (1 + spread)]
         candidates.append((low + high) / 2)
         for candidate in candidates:
             rate = _rounded(candidate)
