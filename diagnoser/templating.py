@@ -142,22 +142,29 @@ class _Missing:
 _FORMATTER = _LenientFormatter()
 
 
-#: ``{?name text?}``: ``text`` (itself a template) only when ``name`` has a value.
-_OPTIONAL = re.compile(r"\{\?([A-Za-z_][\w.]*)\s(.*?)\?\}", re.S)
+#: ``{?name text?}``: ``text`` (itself a template) only when ``name`` has a value;
+#: ``{?!name text?}`` only when it has none.
+_OPTIONAL = re.compile(r"\{\?(!?)([A-Za-z_][\w.]*)\s(.*?)\?\}", re.S)
 
 
 def optional_clauses(template: str, values: Mapping[str, Any] | None = None) -> str:
-    """Resolve ``{?name text?}`` clauses: kept when ``name`` has a value (or, without values, always)."""
-    return _OPTIONAL.sub(
-        lambda m: m.group(2) if values is None or values.get(m.group(1)) is not None else "", template
-    )
+    """Resolve ``{?name text?}`` and ``{?!name text?}`` clauses (without values, keep every text)."""
+
+    def keep(match: re.Match[str]) -> str:
+        if values is None:
+            return match.group(3)
+        present = values.get(match.group(2)) is not None
+        return match.group(3) if present != (match.group(1) == "!") else ""
+
+    return _OPTIONAL.sub(keep, template)
 
 
 def format_text(template: str, values: Mapping[str, Any]) -> str:
     """Fill ``template``'s ``{field:spec}`` from ``values``; missing fields render as ``unknown``.
 
-    ``{?name text?}`` keeps ``text`` only when ``name`` has a value, so a sentence about a
-    measurement a library does not export can be left out instead of reading "unknown".
+    ``{?name text?}`` keeps ``text`` only when ``name`` has a value (``{?!name text?}`` only when
+    it has none), so a sentence about a measurement a library does not export can be left out
+    instead of reading "unknown".
     """
     try:
         return _FORMATTER.vformat(optional_clauses(template, values), (), values)

@@ -28,7 +28,7 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     assert first["cause"] == "connection_pool_exhaustion"
     assert first["kind"] == "cause"
     assert first["labels"]["pool"] == "orders-db"
-    assert "from 10 to 50 connections" in first["recommendation"]
+    assert "from 10 to 13 connections" in first["recommendation"]
     assert first["runbook_url"].endswith("rules/pools/pool-exhaustion.md")
     evidence = first["evidence"][0]
     assert set(evidence) == {
@@ -68,7 +68,7 @@ def test_table_and_markdown_show_cause_numbers_and_runbook(incident_prometheus: 
     table = run_cli(*args)
     assert table.code == 1
     assert "connection_pool_exhaustion" in table.stdout
-    assert "from 10 to 50" in table.stdout
+    assert "from 10 to 13" in table.stdout
     assert "pools/pool-exhaustion.md" in table.stdout.replace("\n", "").replace(" ", "")
     markdown = run_cli(*args, "--format", "markdown")
     assert markdown.stdout.startswith("# Diagnosis at ")

@@ -58,7 +58,7 @@ CASES = [
     # the recommendation says why.
     Case(
         "go-redis-redisotel", "pools/pool-exhaustion", "go-redis-redisotel", "100% of 10 connections in use",
-        "Little's law on 4850 uses/s x 0.002s per use gives 13",
+        "from 10 to 13 connections per instance (Little's law: 4850 uses/s demanded x 0.002s per use",
     ),
     Case("hikaricp-micrometer", "pools/pool-exhaustion", "hikaricp-micrometer", "connections in use"),
     Case("envoy", "pools/pool-overflow", "envoy", "refused because the pool or its queue is full"),
