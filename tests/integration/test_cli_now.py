@@ -89,7 +89,7 @@ def test_config_file_and_environment(incident_prometheus: IncidentPrometheus, tm
         env={"DIAGNOSER_PROMETHEUS__URL": incident_prometheus.url},
     )
     first = json.loads(result.stdout)["findings"][0]
-    assert "from 10 to 60 connections" in first["recommendation"]
+    assert "from 10 to 16 connections" in first["recommendation"]
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
