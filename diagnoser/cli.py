@@ -4,6 +4,7 @@
     diagnose now --at 2026-11-29T20:00:00Z --format markdown         # post-incident, as of then
     diagnose rules list | lint | test FILE...                        # the rule pack
     diagnose probe URL --rate 50 --duration 30                       # an open-loop probe
+    diagnose capacity URL --slo-p99-ms 50 --prometheus-url URL       # the rate that holds the SLO
     diagnose serve --config diagnoser.yaml                           # the always-on daemon
 
 Exit codes (``now``): 0 nothing at warning or above, 1 something is, 2 usage or configuration error.
@@ -437,8 +438,17 @@ def _mount_serve_command() -> None:
     app.command("serve")(serve_command)
 
 
+def _mount_capacity_command() -> None:
+    try:
+        from diagnoser.capacity.cli import capacity_command
+    except ImportError:
+        return
+    app.command("capacity")(capacity_command)
+
+
 _mount_probe_command()
 _mount_serve_command()
+_mount_capacity_command()
 
 
 def main() -> None:

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnoser.models import Diagnosis, Evidence, Finding
+
+if TYPE_CHECKING:
+    from diagnoser.capacity.report import CapacityReport
 
 __all__ = [
     "SlackMessage",
     "render_alert_report",
+    "render_capacity_report",
     "render_finding",
     "render_repeat",
     "render_resolved",
@@ -218,4 +222,59 @@ def render_alert_report(
     )
     top = diagnosis.findings[0] if diagnosis.findings else None
     text = f"Diagnosis for {alert}: " + (f"{_title_line(top)}: {top.summary}" if top else "no cause found")
+    return SlackMessage(_clip(text, _SECTION_MAX), blocks[:50])
+
+
+def _button(url: str, text: str = "Runbook") -> dict[str, Any]:
+    return {
+        "type": "actions",
+        "elements": [
+            {
+                "type": "button",
+                "text": {"type": "plain_text", "text": text, "emoji": False},
+                "url": _clip(url, 3000),
+                "action_id": "runbook",
+            }
+        ],
+    }
+
+
+def render_capacity_report(report: CapacityReport, *, at: datetime | None = None) -> SlackMessage:
+    """One message for a ``diagnose capacity`` run: the step table, the knee, the bottleneck, its runbook.
+
+    The table is monospaced text in a section (Block Kit has no table that every client shows);
+    rows that would pass Slack's section limit are dropped from the middle, never the knee.
+    """
+    from diagnoser.capacity.render import capacity_headline, step_cells
+
+    headline = capacity_headline(report)
+    header = ("rate", "achieved", "p50", "p99", "errors", "held")
+    rows = [header, *(tuple(cells[i] for i in (0, 1, 2, 4, 6, 7)) for cells in map(step_cells, report.steps))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(widths[i]) for i, cell in enumerate(row)) for row in rows]
+    while len("\n".join(lines)) > _SECTION_MAX - 20 and len(lines) > 3:
+        lines.pop(len(lines) // 2)
+    blocks: list[dict[str, Any]] = [
+        _header(f"Capacity of {report.target}"),
+        _section(f"*{_escape(headline)}*"),
+        _section("```" + "\n".join(lines) + "```"),
+    ]
+    bottleneck = report.bottleneck
+    if bottleneck is not None:
+        line = (
+            f":red_circle: *Bottleneck: {_escape(bottleneck.cause)}* (first seen at "
+            f"{_number(bottleneck.first_seen_at_rate)} req/s)\n{_escape(bottleneck.summary)}"
+        )
+        if bottleneck.recommendation:
+            line += f"\n_What to do:_ {_escape(bottleneck.recommendation)}"
+        blocks.append(_section(line))
+        if bottleneck.runbook_url.startswith(("http://", "https://")):
+            blocks.append(_button(bottleneck.runbook_url))
+    for note in report.notes:
+        blocks.append(_section(f":information_source: {_escape(note)}"))
+    when = at or (report.steps[-1].ended_at if report.steps else datetime.now(UTC))
+    slo = f"SLO p99 {_number(report.slo.p99_ms)} ms, errors {report.slo.error_ratio:.2%}"
+    context = f"{slo} · {_timestamp(when)}"
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
+    text = headline + (f"; bottleneck {bottleneck.cause}" if bottleneck else "")
     return SlackMessage(_clip(text, _SECTION_MAX), blocks[:50])

@@ -1,0 +1,283 @@
+"""The capacity run: steps chosen by the search, each measured, its evidence evaluated, then the report.
+
+Steps run one after another, never overlapping: after each, the probe waits for its in-flight
+answers (the service's queue empties), the rule pack is evaluated as of the step's end over a
+window covering just that step (``Settings.window``), and a short pause separates it from the
+next so that no step's window sees the previous step's load. The rule pack is only evaluated
+when a Prometheus is configured; without one the capacity is still found.
+
+A run stops with a partial report on Ctrl-C (:meth:`CapacityRun.stop`), on the probe's abort
+rule, when the maximum rate holds, or when the step budget is spent. ::
+
+    run = CapacityRun(plan, settings, options)
+    report = await run.run()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck, finding_key
+from diagnoser.capacity.report import CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
+from diagnoser.capacity.search import RateSearch
+from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
+from diagnoser.config import Settings
+from diagnoser.engine import diagnose
+from diagnoser.models import Diagnosis, SourceError
+from diagnoser.probe import ProbeRun
+from diagnoser.ruleset import RuleSet
+from diagnoser.runner import BuiltSources, build_sources, load_ruleset
+
+__all__ = ["CapacityOptions", "CapacityRun"]
+
+log = logging.getLogger(__name__)
+
+#: A step whose served rate is below this share of its offered rate could not keep up.
+_SATURATED_SHARE = 0.97
+
+
+@dataclass(frozen=True)
+class CapacityOptions:
+    start_rate: float
+    max_rate: float
+    growth: float = 2.0
+    precision: float = 0.1
+    fixed_steps: list[float] | None = None
+    #: Quiet seconds between steps, after the previous step's answers are all in.
+    pause_s: float = 1.0
+    #: Seconds of unjudged load at the start rate before the first step.
+    warmup_s: float = 2.0
+    max_steps: int = 16
+    expect_rps: float | None = None
+
+
+@dataclass
+class _Step:
+    measurement: StepMeasurement
+    diagnosis: Diagnosis | None
+    #: False for a latency failure that was run again and so does not count (see ``_noise``).
+    counted: bool = True
+
+
+def _saturated(step: StepMeasurement) -> bool:
+    return step.served_rate is not None and step.served_rate < step.rate * _SATURATED_SHARE
+
+
+class CapacityRun:
+    """One ``diagnose capacity`` run; ``stop()`` (Ctrl-C) ends it with a partial report."""
+
+    def __init__(
+        self,
+        plan: StepPlan,
+        settings: Settings,
+        options: CapacityOptions,
+        *,
+        rules: RuleSet | None = None,
+        on_progress: ProgressCallback | None = None,
+        on_step: Callable[[CapacityStep], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.options = options
+        self.rules = rules
+        self.on_progress = on_progress
+        self.on_step = on_step
+        self.search = RateSearch(
+            start_rate=options.start_rate,
+            max_rate=options.max_rate,
+            growth=options.growth,
+            precision=options.precision,
+            fixed_steps=options.fixed_steps,
+        )
+        self._current: ProbeRun | None = None
+        self._stopped = asyncio.Event()
+
+    def stop(self) -> None:
+        """End the run now: the running step stops, its partial numbers are kept, no step follows."""
+        self._stopped.set()
+        if self._current is not None:
+            self._current.stop()
+
+    def _started(self, run: ProbeRun) -> None:
+        self._current = run
+        if self._stopped.is_set():
+            run.stop()
+
+    async def run(self) -> CapacityReport:
+        sources = build_sources(self.settings) if self.settings.prometheus.url else None
+        rules = self.rules if self.rules is not None or sources is None else load_ruleset(self.settings)
+        steps: list[_Step] = []
+        try:
+            await self._steps(steps, sources, rules)
+        finally:
+            if sources is not None:
+                await sources.aclose()
+        return self._report(steps, sources)
+
+    async def _warm_up(self) -> None:
+        """A short unjudged run at the start rate: connections opened, caches and pools filled."""
+        if self.options.warmup_s <= 0:
+            return
+        rate = self.search.next_rate()
+        if rate is not None:
+            plan = replace(self.plan, step_s=self.options.warmup_s, min_step_s=self.options.warmup_s)
+            await run_step(plan, self.settings.probe, rate, on_start=self._started)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), self.options.pause_s)
+
+    async def _steps(self, steps: list[_Step], sources: BuiltSources | None, rules: RuleSet | None) -> None:
+        await self._warm_up()
+        retried: set[float] = set()
+        while not self._stopped.is_set() and len(steps) < self.options.max_steps:
+            rate = self.search.next_rate()
+            if rate is None:
+                return
+            if steps:
+                await self._pause()
+                if self._stopped.is_set():
+                    return
+            measurement = await run_step(
+                self.plan, self.settings.probe, rate, on_start=self._started, on_progress=self.on_progress
+            )
+            diagnosis = None
+            if sources is not None and rules is not None and not measurement.interrupted:
+                diagnosis = await self._evaluate(measurement, sources, rules)
+            step = _Step(measurement, diagnosis)
+            steps.append(step)
+            if self._noise(measurement, retried):
+                step.counted = False  # the search asks for the same rate again
+            if self.on_step is not None:
+                self.on_step(_step_view(step, steps[:-1]))
+            if measurement.interrupted:
+                return
+            if step.counted:
+                self.search.record(rate, held=measurement.held, served_rate=measurement.served_rate)
+            if measurement.result.aborted and not measurement.stopped_early:
+                return  # the probe's own abort rule: no further step, whatever the search says
+
+    def _noise(self, step: StepMeasurement, retried: set[float]) -> bool:
+        """Whether a failed step is run once more before it counts.
+
+        A p99 over the SLO can be one stall of the host (a few tens of milliseconds fail a step
+        of a few seconds); a knee is sustained behaviour, so such a step counts only if it fails
+        again. A step that could not keep up (served below offered) above a rate that held is
+        overload, not a stall, and counts at once, as does a step that failed on errors.
+        """
+        if step.failed_on != "latency" or step.rate in retried:
+            return False
+        if _saturated(step) and any(rate < step.rate for rate in self.search.held):
+            return False
+        retried.add(step.rate)
+        return True
+
+    async def _evaluate(self, step: StepMeasurement, sources: BuiltSources, rules: RuleSet) -> Diagnosis:
+        # The window covers the step's own load and nothing before it (whole seconds, at least 2).
+        window_s = max(2, math.floor(step.result.duration_s))
+        settings = self.settings.model_copy(update={"window": f"{window_s}s"})
+        return await diagnose(rules, settings, sources.sources, at=step.ended_at)
+
+    def _report(self, steps: list[_Step], sources: BuiltSources | None) -> CapacityReport:
+        views: list[CapacityStep] = []
+        for index, step in enumerate(steps):
+            views.append(_step_view(step, steps[:index]))
+        counted = [s for s in steps if s.counted]
+        evaluated = [
+            EvaluatedStep(
+                rate=s.measurement.rate,
+                held=s.measurement.held,
+                failed_on=s.measurement.failed_on,
+                findings=s.diagnosis.findings if s.diagnosis is not None else None,
+            )
+            for s in counted
+        ]
+        bottleneck, notes = find_bottleneck(evaluated)
+        limit, limit_notes = self._limit(counted)
+        first_fail = _first_failing(counted)
+        retried = len(steps) - len(counted)
+        if retried:
+            notes.append(
+                f"{retried} step(s) went over the SLO while the service kept up and were run again; "
+                "only the second run counts (a stall of the host is not a knee)"
+            )
+        errors: list[SourceError] = list(sources.errors) if sources is not None else []
+        for step in steps:
+            for error in step.diagnosis.errors if step.diagnosis is not None else []:
+                if error not in errors:
+                    errors.append(error)
+        return CapacityReport(
+            target=self.plan.spec.target,
+            slo=SloTarget(p99_ms=self.plan.slo_p99_ms, error_ratio=self.plan.max_error_ratio),
+            steps=views,
+            capacity_rps=self.search.capacity,
+            limit=limit,
+            bottleneck=bottleneck,
+            findings=list(first_fail.diagnosis.findings) if first_fail and first_fail.diagnosis else [],
+            errors=errors,
+            notes=[*limit_notes, *notes],
+            max_rate=self.options.max_rate,
+            expect_rps=self.options.expect_rps,
+            evidence_checked=sources is not None,
+        )
+
+    def _limit(self, steps: list[_Step]) -> tuple[Limit, list[str]]:
+        if self._stopped.is_set() or any(s.measurement.interrupted for s in steps):
+            return Limit.aborted, ["interrupted: the table is partial"]
+        first_fail = _first_failing(steps)
+        if first_fail is not None:
+            return Limit(first_fail.measurement.failed_on or "latency"), []
+        if steps and max(s.measurement.rate for s in steps) >= self.options.max_rate:
+            return Limit.max_rate, [
+                f"every step up to the maximum rate ({self.options.max_rate:g} req/s) held: "
+                "the capacity is at least that (raise --max-rate, within probe.max_rate, to look further)"
+            ]
+        if self.options.fixed_steps is not None and steps:
+            return Limit.max_rate, ["every fixed step held"]
+        return Limit.aborted, [f"stopped after {len(steps)} steps (--max-steps) before an answer"]
+
+
+def _first_failing(steps: list[_Step]) -> _Step | None:
+    failing = [s for s in steps if s.measurement.failed_on is not None]
+    return min(failing, key=lambda s: s.measurement.rate) if failing else None
+
+
+def _causes(diagnosis: Diagnosis | None) -> list[str]:
+    if diagnosis is None:
+        return []
+    return list(dict.fromkeys(f.cause for f in diagnosis.findings))
+
+
+def _step_view(step: _Step, earlier: list[_Step]) -> CapacityStep:
+    m, result = step.measurement, step.measurement.result
+    lower = [s for s in earlier if s.counted and s.measurement.rate < m.rate and s.diagnosis is not None]
+    new: list[str] = []
+    if step.diagnosis is not None:
+        below = max(lower, key=lambda s: s.measurement.rate) if lower else None
+        known = {finding_key(f) for f in below.diagnosis.findings} if below and below.diagnosis else set()
+        new = list(dict.fromkeys(f.cause for f in step.diagnosis.findings if finding_key(f) not in known))
+    latency = result.latency_ms
+    return CapacityStep(
+        rate=m.rate,
+        achieved_rate=result.achieved_rate,
+        served_rate=m.served_rate,
+        duration_s=result.duration_s,
+        latency_ms=StepLatency(p50=latency.p50, p90=latency.p90, p99=latency.p99, max=latency.max),
+        error_ratio=round(result.error_ratio, 6),
+        held=m.held,
+        failed_on=m.failed_on,
+        stopped_early=m.stopped_early,
+        counted=step.counted,
+        sent=result.sent,
+        failures=result.failures.total,
+        findings=_causes(step.diagnosis),
+        new_findings=new,
+        started_at=m.started_at,
+        ended_at=m.ended_at,
+    )

@@ -1,0 +1,167 @@
+"""One step of the search: a constant open-loop rate for a while, measured and judged.
+
+A step is one :class:`~diagnoser.probe.ProbeRun` of the target's probe definition with a
+constant schedule, checked against the probe caps like any other run (a step above
+``probe.max_rate`` or longer than ``probe.max_duration_s`` is refused before it sends anything).
+While it runs, a watcher reads the probe's live counters every quarter second to
+
+- stop the step as soon as its verdict can no longer change: once more than 1 % of the requests
+  it plans to send are slower than the SLO, its p99 is over the SLO whatever follows, and once
+  more than the allowed share of them failed, so is its error ratio. An overloaded step then
+  costs a few seconds of overload instead of a full step. It runs at least ``min_step_s``
+  first, so that Prometheus has scraped enough of it to show what gave way;
+- measure the *served* rate (answers per second over the second half of what ran), which is
+  about the service's capacity when the step overloads it;
+- feed the live progress line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from diagnoser.config import ProbeSettings
+from diagnoser.probe import LiveStats, ProbeResult, ProbeRun, ProbeSpec, enforce_safety
+from diagnoser.probe.runner import INTERRUPTED
+from diagnoser.probe.spec import ConstantSchedule
+
+__all__ = ["StepMeasurement", "StepPlan", "Verdict", "run_step"]
+
+#: Why a step did not hold.
+Verdict = Literal["latency", "errors"]
+
+_WATCH_EVERY_S = 0.25
+#: Share of a step's planned requests over the SLO that settles its p99 over the SLO.
+_P99_SHARE = 0.01
+
+ProgressCallback = Callable[[float, LiveStats], None]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What every step shares: the target definition, its time, and the SLO it is judged by."""
+
+    spec: ProbeSpec
+    explicit_target: bool
+    step_s: float
+    min_step_s: float
+    slo_p99_ms: float
+    max_error_ratio: float
+
+
+@dataclass
+class StepMeasurement:
+    rate: float
+    result: ProbeResult
+    started_at: datetime
+    #: When sending stopped: the instant the step's evidence is evaluated at.
+    ended_at: datetime
+    served_rate: float | None
+    failed_on: Verdict | None
+    stopped_early: bool
+    interrupted: bool
+
+    @property
+    def held(self) -> bool:
+        return self.failed_on is None and not self.interrupted
+
+
+class _Watcher:
+    """Reads a running probe's counters; decides when its verdict is settled."""
+
+    def __init__(self, run: ProbeRun, plan: StepPlan, rate: float) -> None:
+        self.run = run
+        self.plan = plan
+        planned = rate * plan.step_s
+        self.slow_allowed = _P99_SHARE * planned
+        self.failures_allowed = plan.max_error_ratio * planned
+        self.slow = 0
+        self._scanned = 0
+        self.settled: Verdict | None = None
+        self.samples: list[tuple[float, int]] = []
+
+    def check(self, elapsed: float, *, sending: bool = True) -> None:
+        recorder = self.run.recorder
+        latencies = recorder.values["latency"]
+        limit = self.plan.slo_p99_ms
+        # Only the new answers: a step of thousands of requests is scanned once, not each tick.
+        self.slow += sum(1 for v in latencies[self._scanned :] if v > limit)
+        self._scanned = len(latencies)
+        if sending:
+            # Answers after sending stopped are the queue draining: not a rate the load held.
+            self.samples.append((elapsed, recorder.completed))
+        if self.settled is None:
+            if sum(recorder.failures.values()) > self.failures_allowed:
+                self.settled = "errors"
+            elif self.slow > self.slow_allowed:
+                self.settled = "latency"
+
+    def served_rate(self) -> float | None:
+        """Answers per second over the second half of the samples."""
+        if len(self.samples) < 3:
+            return None
+        first = self.samples[len(self.samples) // 2]
+        last = self.samples[-1]
+        span = last[0] - first[0]
+        return round((last[1] - first[1]) / span, 1) if span >= 0.5 else None
+
+
+async def run_step(
+    plan: StepPlan,
+    settings: ProbeSettings,
+    rate: float,
+    *,
+    on_start: Callable[[ProbeRun], None],
+    on_progress: ProgressCallback | None = None,
+) -> StepMeasurement:
+    """Run one step at ``rate``; ``on_start`` receives the run so that Ctrl-C can stop it."""
+    schedule = ConstantSchedule(rate=rate, duration_s=plan.step_s)
+    spec = plan.spec.model_copy(update={"schedule": schedule})
+    enforce_safety(spec, settings, explicit_target=plan.explicit_target)
+    run = ProbeRun(spec, settings)
+    watcher = _Watcher(run, plan, rate)
+    on_start(run)
+    started_wall, started = datetime.now(UTC), time.monotonic()
+    task = asyncio.get_running_loop().create_task(run.run())
+    stopped_early = False
+    while not task.done():
+        await asyncio.wait({task}, timeout=_WATCH_EVERY_S)
+        elapsed = time.monotonic() - started
+        if elapsed > plan.step_s + 0.1:
+            continue  # sending is over: the probe is collecting the last answers
+        watcher.check(elapsed, sending=not stopped_early)
+        if on_progress is not None:
+            on_progress(rate, run.live())
+        if watcher.settled and elapsed >= plan.min_step_s and not stopped_early and not task.done():
+            stopped_early = True
+            run.stop(f"the step's {watcher.settled} verdict was settled")
+    result = task.result()
+    watcher.check(plan.step_s, sending=False)
+    interrupted = result.abort_reason == INTERRUPTED
+    return StepMeasurement(
+        rate=rate,
+        result=result,
+        started_at=started_wall,
+        ended_at=started_wall + timedelta(seconds=result.duration_s),
+        served_rate=watcher.served_rate(),
+        failed_on=None if interrupted else _verdict(result, plan, watcher.settled),
+        stopped_early=stopped_early,
+        interrupted=interrupted,
+    )
+
+
+def _verdict(result: ProbeResult, plan: StepPlan, settled: Verdict | None) -> Verdict | None:
+    """``None`` when the step held; else ``"latency"`` or ``"errors"``."""
+    if settled is not None:
+        return settled
+    if result.aborted or result.error_ratio > plan.max_error_ratio:
+        return "errors"  # the probe's own abort rule stopped it: too many errors
+    p99 = result.latency_ms.p99
+    if p99 is None or math.isnan(p99) or p99 > plan.slo_p99_ms:
+        return "latency"
+    return None

@@ -1,0 +1,173 @@
+"""The feature service's test bed: a real Redis, the service, and a real Prometheus scraping it.
+
+Used by the ``diagnose capacity`` tests, ``bench/capacity.py`` and the demo. Everything listens
+on 127.0.0.1 on free ports, lives in a temp dir and is stopped by PID. ::
+
+    with FeatureTestBed(pool_size=4, hold_ms=20, prometheus=True) as bed:
+        run("diagnose", "capacity", bed.url, "--slo-p99-ms", "50", "--prometheus-url", bed.prometheus_url)
+        print(bed.littles_law_limit())   # pool / measured hold: the rate the pool allows
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from diagnoser.local_prometheus import LocalPrometheus, free_port
+
+__all__ = ["FeatureTestBed", "RedisServer"]
+
+SERVICE = Path(__file__).resolve().parent / "service.py"
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
+
+
+def _stop(process: subprocess.Popen[bytes] | None) -> None:
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass
+class RedisServer:
+    """``redis-server`` on a free port in a temp dir, no persistence."""
+
+    port: int = 0
+    _dir: Path | None = field(default=None, init=False, repr=False)
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __enter__(self) -> RedisServer:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server not found: run scripts/setup.sh")
+        self.port = self.port or free_port()
+        self._dir = Path(tempfile.mkdtemp(prefix="diagnoser-redis-"))
+        self._process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self._dir),
+             "--save", "", "--appendonly", "no", "--logfile", str(self._dir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_port(self.port)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _stop(self._process)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@dataclass
+class FeatureTestBed:
+    """The feature service on its own Redis (or a shared one), optionally scraped by Prometheus."""
+
+    pool_size: int = 4
+    hold_ms: float = 20.0
+    prometheus: bool = True
+    redis_port: int | None = None
+    port: int = 0
+    _redis: RedisServer | None = field(default=None, init=False, repr=False)
+    _service: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _prometheus: LocalPrometheus | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        """A known user's features: a non-empty answer the probe's validators accept."""
+        return f"http://127.0.0.1:{self.port}/v1/features?user=42"
+
+    @property
+    def prometheus_url(self) -> str:
+        assert self._prometheus is not None, "started without prometheus"
+        return self._prometheus.url
+
+    def __enter__(self) -> FeatureTestBed:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.redis_port is None:
+            self._redis = RedisServer().__enter__()
+            self.redis_port = self._redis.port
+        self.port = self.port or free_port()
+        self._service = subprocess.Popen(
+            [sys.executable, str(SERVICE), "--port", str(self.port), "--redis-port", str(self.redis_port),
+             "--pool-size", str(self.pool_size), "--hold-ms", str(self.hold_ms)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_port(self.port)
+        if self.prometheus:
+            self._prometheus = LocalPrometheus(
+                scrape_targets=[f"127.0.0.1:{self.port}"], scrape_interval="1s"
+            )
+            self._prometheus.start()
+            self._wait_for_samples()
+
+    def _wait_for_samples(self, timeout: float = 30.0) -> None:
+        # Prometheus throttles target discovery to 5 s: the first samples land about 5.5 s in.
+        query = urllib.parse.urlencode({"query": "db_client_connection_max"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{self.prometheus_url}/api/v1/query?{query}", timeout=5) as reply:
+                if b'"result":[]' not in reply.read():
+                    return
+            time.sleep(0.25)
+        raise TimeoutError("Prometheus has no sample of the service after 30 s")
+
+    def stop(self) -> None:
+        if self._prometheus is not None:
+            self._prometheus.stop()
+        _stop(self._service)
+        if self._redis is not None:
+            self._redis.__exit__(None, None, None)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def mean_hold_s(self) -> float:
+        """Mean time a request held its pooled connection so far, from the service's own histogram."""
+        text = self.metrics()
+
+        def total(name: str) -> float:
+            found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+            if found is None:
+                raise ValueError(f"{name} not in the service's /metrics")
+            return float(found.group(1))
+
+        return total("db_client_connection_use_time_seconds_sum") / total(
+            "db_client_connection_use_time_seconds_count"
+        )
+
+    def littles_law_limit(self) -> float:
+        """The most requests per second the pool can serve: connections / mean hold (Little's law)."""
+        return self.pool_size / self.mean_hold_s()
