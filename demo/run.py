@@ -16,7 +16,8 @@ an on-call engineer lives through, using only diagnoser's public commands:
 5. ``diagnose capacity`` again: the capacity rose (the demo checks by how much).
 
 Every process it started is stopped on exit, Ctrl-C or SIGTERM (each in its own process group);
-nothing is written outside the temp dir but the two capacity plots (``--out``). ``--quick`` runs
+nothing is written outside the temp dir but the capacity plots (``--out``: before, after, and
+both on one picture). ``--quick`` runs
 shorter load steps, for the test suite. Exit 0 when every part of the story was seen, else 1
 naming what was not. ::
 
@@ -41,6 +42,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 
@@ -49,6 +51,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from demo.plot import write_before_after  # noqa: E402
 from demo.slack_sink import SlackSink  # noqa: E402
 from diagnoser.capacity.render import render_capacity_table  # noqa: E402
 from diagnoser.capacity.report import CapacityReport  # noqa: E402
@@ -277,6 +280,15 @@ class Lab:
             "rule_params": {"pools/pool-exhaustion": {"headroom": 1.5}},
             # The demo's own service on loopback; the incident traffic must outlive a restart.
             "probe": {"allowed_hosts": ["127.0.0.1"], "abort_error_ratio": 1.0},
+            # Prometheus scrapes the daemon too, and cannot before the daemon listens: its
+            # first diagnosis would report its own target down.
+            "silences": [
+                {
+                    "matchers": {"cause": "source_unavailable", "job": "diagnoser"},
+                    "until": (datetime.now(UTC) + timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "comment": "the daemon's own scrape target comes up with it",
+                }
+            ],
             "slack": {
                 "token": self.sink.token,
                 "channel": CHANNEL,
@@ -386,7 +398,14 @@ class Lab:
 
         t.chapter("Stepping the load up again, from the old knee")
         after = self.capacity("after", start_rate=before.capacity_rps, max_rate=4 * before.capacity_rps)
-        return before.capacity_rps, (after.capacity_rps if after else None)
+        if after is None:
+            return before.capacity_rps, None
+        write_before_after([(f"pool of {POOL_SIZE}", before), (f"pool of {pool}", after)], self.both_plot)
+        return before.capacity_rps, after.capacity_rps
+
+    @property
+    def both_plot(self) -> Path:
+        return self.out / "capacity-before-after.png"
 
 
 def replay() -> int:
@@ -440,7 +459,8 @@ def summarize(terminal: Terminal, lab: Lab, before: float | None, after: float |
             lab.missing.append(f"a capacity rise of at least {REQUIRED_RISE:g}x (measured {rise:.2f}x)")
     else:
         lab.missing.append("capacity before and after")
-    say(f"plots: {lab.out / 'capacity-before.svg'}  {lab.out / 'capacity-after.svg'}")
+    plots = [lab.out / f"capacity-{name}.svg" for name in ("before", "after")] + [lab.both_plot]
+    say("plots: " + "  ".join(str(p) for p in plots if p.exists()))
     say(f"demo took {time.monotonic() - terminal.started:.0f} s; every process it started is stopped")
     for what in lab.missing:
         say(f"missing: {what}")

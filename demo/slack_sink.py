@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ EMOJI = {
     ":warning:": "⚠️",
     ":information_source:": "ℹ️",
 }
+PANE_WIDTH = 100
 _LINK = re.compile(r"<(https?://[^|>]+)\|([^>]+)>")
 
 
@@ -63,6 +65,13 @@ def _block_lines(block: dict[str, Any]) -> list[str]:
     return [f"({kind} block)"]
 
 
+def _wrap(line: str) -> list[str]:
+    # As a Slack pane of about a hundred columns wraps text; a button stays on one line.
+    if line.startswith("[ "):
+        return [line]
+    return textwrap.wrap(line, PANE_WIDTH, break_long_words=False) or [""]
+
+
 def render_for_terminal(message: PostedMessage, parent: PostedMessage | None = None) -> str:
     """One message as a Slack client shows it, framed; a reply names the thread it sits in."""
     when = datetime.fromtimestamp(float(message.ts), UTC) if message.ts else datetime.now(UTC)
@@ -71,13 +80,14 @@ def render_for_terminal(message: PostedMessage, parent: PostedMessage | None = N
     if message.thread_ts:
         first = parent.text.splitlines()[0][:70] if parent else ""
         head += f"\n↳ reply in thread {message.thread_ts} ({_mrkdwn(first)})"
-    body: list[str] = []
+    lines_in: list[str] = []
     for block in message.blocks:
-        body += _block_lines(block)
-    if not body:
-        body = _mrkdwn(message.text).splitlines()
+        lines_in += _block_lines(block)
+    if not lines_in:
+        lines_in = _mrkdwn(message.text).splitlines()
+    body = [part for line in lines_in for part in _wrap(line)]
     width = max(len(line) for line in [*head.splitlines(), *body])
-    rule = "─" * min(width + 2, 100)
+    rule = "─" * min(width + 2, PANE_WIDTH + 2)
     lines = [f"┌{rule}", *(f"│ {line}" for line in head.splitlines()), f"├{rule}"]
     lines += [f"│ {line}" for line in body]
     return "\n".join([*lines, f"└{rule}"])

@@ -2,19 +2,23 @@
 
 One run (about a minute and a half) feeds every test: a real Redis, redis_exporter, the feature
 service, Prometheus, ``diagnose serve`` and the Slack sink, then two capacity searches with an
-incident and a restart between them. The lab's processes inherit a marker in their environment,
-so the process table can be read for them while the demo runs and after it exits.
+incident and a restart between them. The test process is made a child subreaper for the run, so
+every process the demo starts stays in its process tree, orphaned or not: the tree is read while
+the demo runs and after it exits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
-import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,21 +28,46 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-MARK = "DEMO_TEST_RUN_MARK"
+PR_SET_CHILD_SUBREAPER = 36
 
 
-def _marked(marker: str) -> set[int]:
-    """PIDs of the processes whose environment carries the marker (this user's, readable ones)."""
-    found = set()
-    needle = f"{MARK}={marker}".encode()
+def _tree() -> set[int]:
+    """PIDs of this test process's live descendants (zombies excluded), read from /proc."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and entry.name != str(os.getpid()):
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.add(int(entry.name))
-            except OSError:  # gone meanwhile, or not ours
-                continue
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
     return found
+
+
+@contextlib.contextmanager
+def _subreaper() -> Iterator[None]:
+    """Orphans of the demo's processes are re-parented to this process, so none escapes the tree."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DIAGNOSER_", "SLACK_"))}
 
 
 @dataclass(frozen=True)
@@ -52,37 +81,42 @@ class DemoRun:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     out = tmp_path_factory.mktemp("demo-output")
-    marker = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIAGNOSER_", "SLACK_"))}
-    env[MARK] = marker
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "demo" / "run.py"), "--quick", "--out", str(out)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    counts: list[int] = []
-    done = threading.Event()
+    with _subreaper():
+        before = _tree()
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "demo" / "run.py"), "--quick", "--out", str(out)],
+            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        counts: list[int] = []
+        done = threading.Event()
 
-    def watch() -> None:
-        while not done.wait(1.0):
-            counts.append(len(_marked(marker) - {process.pid}))
+        def watch() -> None:
+            while not done.wait(1.0):
+                counts.append(len(_tree() - before - {process.pid}))
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        stdout, stderr = process.communicate(timeout=300)
-    finally:
-        done.set()
-        watcher.join()
-        if process.poll() is None:
-            process.kill()
-    return DemoRun(process.returncode, stdout, stderr, out, max(counts, default=0), _marked(marker))
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            stdout, stderr = process.communicate(timeout=300)
+        finally:
+            done.set()
+            watcher.join()
+            if process.poll() is None:
+                process.kill()
+        left = _tree() - before
+        yield DemoRun(process.returncode, stdout, stderr, out, max(counts, default=0), left)
 
 
 def _slack_boxes(stdout: str) -> list[str]:
     """Each message the sink printed, as one text block."""
     return re.findall(r"^┌.*?^└", stdout, flags=re.MULTILINE | re.DOTALL)
+
+
+def _text(box: str) -> str:
+    """A message's text with the sink's line wrapping undone."""
+    return re.sub(r"\n│ ", " ", box)
 
 
 def _ts(box: str) -> str:
@@ -101,7 +135,7 @@ def test_the_demo_completes_and_stops_every_process_it_started(demo: DemoRun) ->
 
 
 def test_the_probe_finding_with_its_numbers_and_runbook(demo: DemoRun) -> None:
-    box = next(b for b in _slack_boxes(demo.stdout) if "CRITICAL: EMPTY_SUCCESS_RESPONSE" in b)
+    box = next(_text(b) for b in _slack_boxes(demo.stdout) if "CRITICAL: EMPTY_SUCCESS_RESPONSE" in b)
     assert re.search(
         r'\d+\.\d% of answers are successes with nothing in them, e.g. 200 \{"features": \{\}\}', box
     )
@@ -122,17 +156,44 @@ def test_capacity_names_the_pool_with_its_size_and_rises_after_the_fix(demo: Dem
     assert f"Restarting the service with the recommended pool of {sized.group(1)}" in demo.stdout
     for name in ("before", "after"):
         assert ET.parse(demo.out / f"capacity-{name}.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    assert (demo.out / "capacity-before-after.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_slack_gets_the_pool_finding_then_its_resolution_in_the_same_thread(demo: DemoRun) -> None:
     boxes = _slack_boxes(demo.stdout)
     incident = demo.stdout.index("Traffic grows to")
     new = next(
-        b for b in boxes if "CRITICAL: CONNECTION_POOL_EXHAUSTION" in b and demo.stdout.index(b) > incident
-    )
+        b for b in boxes
+        if "CRITICAL: CONNECTION_POOL_EXHAUSTION" in _text(b) and demo.stdout.index(b) > incident
+    )  # fmt: skip
     assert "reply in thread" not in new
-    assert re.search(r"\d+% of 10 connections in use", new)
+    assert re.search(r"\d+% of 10 connections in use", _text(new))
     assert re.search(r"\[ Runbook \] → https://\S+/rules/pools/[\w-]+\.md", new)
-    resolved = next(b for b in boxes if "Resolved*: connection_pool_exhaustion" in b)
-    assert f"reply in thread {_ts(new)}" in resolved
-    assert demo.stdout.index(resolved) > demo.stdout.index("Restarting the service")
+    in_thread = [b for b in boxes if f"reply in thread {_ts(new)}" in b]
+    assert len(in_thread) == 1 and "Resolved*: connection_pool_exhaustion" in _text(in_thread[0])
+    assert demo.stdout.index(in_thread[0]) > demo.stdout.index("Restarting the service")
+
+
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:
+    with _subreaper():
+        before = _tree()
+        # Its own process group, signalled as a whole: what Ctrl-C in a terminal does.
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "demo" / "run.py"), "--quick", "--out", str(tmp_path)],
+            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:  # until the first load step starts, every server running
+            lines.append(line)
+            if line.startswith("$ diagnose capacity"):
+                break
+        running = _tree() - before - {process.pid}
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+        left = _tree() - before
+    assert process.returncode == 130, "".join(lines) + stdout + stderr
+    assert "stopping everything the demo started" in stdout
+    assert len(running) >= 5  # Redis, its exporter, the service, Prometheus, the daemon
+    assert left == set()
