@@ -40,7 +40,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -110,22 +110,24 @@ class Processes:
         self._running: list[subprocess.Popen[bytes]] = []
 
     def start(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
+        with log.open("ab") as out, ENDING_SIGNALS.held():
             process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=REPO, env=env,
             )  # fmt: skip
-        self._running.append(process)
+            self._running.append(process)
         return process
 
     def run(self, argv: list[str], log: Path) -> tuple[int, str]:
         """Run to completion (still stopped by :meth:`stop_all` on Ctrl-C); its stdout."""
         out = log.with_suffix(".out")
         with out.open("wb") as stdout, log.open("ab") as stderr:
-            process = subprocess.Popen(
-                argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
-            )
-            self._running.append(process)
+            with ENDING_SIGNALS.held():
+                process = subprocess.Popen(
+                    argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True,
+                    cwd=REPO,
+                )  # fmt: skip
+                self._running.append(process)
             code = process.wait()
         self._running.remove(process)
         return code, out.read_text(encoding="utf-8")
@@ -147,9 +149,46 @@ class Processes:
             self.stop(self._running.pop())
 
 
-def _raise_exit(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM and SIGHUP end the demo through the same `finally` as Ctrl-C.
-    raise SystemExit(128 + signum)
+class EndingSignals:
+    """Ctrl-C, SIGTERM and SIGHUP end the demo through its ``finally``; held back for a moment
+    while a child process is started and recorded, so that none starts unrecorded (and is never
+    stopped) because the signal came between the two."""
+
+    def __init__(self) -> None:
+        self._holding = False
+        self._held: int | None = None
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._arrived)
+
+    def _arrived(self, signum: int, frame: FrameType | None) -> None:
+        if self._holding:
+            self._held = signum
+            return
+        self._end(signum)
+
+    @staticmethod
+    def _end(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    @contextlib.contextmanager
+    def held(self, deliver: bool = True) -> Iterator[None]:
+        """Hold ending signals within; then act on one that came, unless ``deliver`` is false
+        (during the clean-up, which is what the signal asks for anyway)."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            signum, self._held = self._held, None
+            if signum is not None and deliver:
+                self._end(signum)
+
+
+ENDING_SIGNALS = EndingSignals()
 
 
 def _get(url: str) -> bytes:
@@ -210,7 +249,9 @@ class Lab:
     def start(self) -> None:
         say = self.terminal.say
         self.sink = self.exit.enter_context(SlackSink(print_message=say))
-        redis = self.exit.enter_context(RedisServer())
+        # Each server is recorded for the clean-up before an ending signal can act.
+        with ENDING_SIGNALS.held():
+            redis = self.exit.enter_context(RedisServer())
         self.processes.start(
             ["prometheus-redis-exporter", "-redis.addr", f"redis://127.0.0.1:{redis.port}",
              "-web.listen-address", f"127.0.0.1:{self.exporter_port}"],
@@ -228,7 +269,8 @@ class Lab:
             workdir=self.workdir / "prometheus",
         )
         self.exit.callback(self.prometheus.stop)
-        self.prometheus.start()
+        with ENDING_SIGNALS.held():
+            self.prometheus.start()
         # The daemon starts once Prometheus holds the service's first samples (about 5.5 s:
         # target discovery is throttled to 5 s); earlier, its first diagnosis would find no data.
         query = urllib.parse.urlencode({"query": "db_client_connection_max"})
@@ -256,7 +298,8 @@ class Lab:
         bed = FeatureTestBed(pool_size=pool_size, hold_ms=HOLD_MS, prometheus=False,
                              redis_port=self.redis_port, port=self.service_port)  # fmt: skip
         self.service = bed
-        bed.start()
+        with ENDING_SIGNALS.held():
+            bed.start()
 
     def stop_service(self) -> None:
         if self.service is not None:
@@ -424,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replay:
         return replay()
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_exit)
+    ENDING_SIGNALS.install()
     terminal = Terminal()
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="diagnoser-demo-"))
@@ -443,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
         terminal.say(f"\nthe demo could not go on: {exc}")
         return 1
     finally:
-        lab.stop()
+        # A second Ctrl-C must not cut the clean-up short and leave servers behind.
+        with ENDING_SIGNALS.held(deliver=False):
+            lab.stop()
         tempfile.tempdir = None
         shutil.rmtree(workdir, ignore_errors=True)
     terminal.chapter("What happened")
