@@ -207,6 +207,8 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 
 def pool_size_recommended(recommendation: str) -> int | None:
+    """The size in the pool rule's recommendation ("Raise the pool from 10 to 32 connections ...");
+    the JSON contract carries the recommendation as its text."""
     found = re.search(r"from (\d+) to (\d+) connections", recommendation)
     return int(found.group(2)) if found else None
 
@@ -319,8 +321,9 @@ class Lab:
             # Short enough that a finding appears and clears within the demo's minutes.
             "window": "10s",
             "slo": {"p99_ms": SLO_P99_MS, "error_ratio": 0.01},
-            # Size pools for half again today's peak: the demo's service expects growth.
-            "rule_params": {"pools/pool-exhaustion": {"headroom": 1.5}},
+            # Size pools for twice the peak: in two zones, each must carry the whole load if the
+            # other fails. It also keeps the rise the demo checks clear of the search's precision.
+            "rule_params": {"pools/pool-exhaustion": {"headroom": 2}},
             # The demo's own service on loopback; the incident traffic must outlive a restart.
             "probe": {"allowed_hosts": ["127.0.0.1"], "abort_error_ratio": 1.0},
             # Prometheus scrapes the daemon too, and cannot before the daemon listens: its
@@ -418,12 +421,12 @@ class Lab:
         )  # fmt: skip
         incident_began = time.time()
         try:
-            new = sink.wait_for(
+            new = self.expect(sink.wait_for(
                 lambda m: cause_of(m) == "connection_pool_exhaustion" and not m.thread_ts
                 and float(m.ts or 0) >= incident_began,
                 self.pace.wait_s,
-            )  # fmt: skip
-            if self.expect(new, "connection_pool_exhaustion in Slack") is not None:
+            ), "connection_pool_exhaustion in Slack")  # fmt: skip
+            if new is not None:
                 t.say("The daemon names the same cause under live traffic. Its pool size counts the queue"
                       " that built up\nwhile the overload lasted; the size computed at the knee is the one"
                       " to deploy.")  # fmt: skip
@@ -431,9 +434,9 @@ class Lab:
                 self.stop_service()
                 self.start_service(pool)
                 t.say(f"  feature service back on {self.known_user} with a pool of {pool}")
-                assert new is not None
+                thread = new.ts
                 resolved = sink.wait_for(
-                    lambda m: m.thread_ts == new.ts and m.text.startswith("Resolved"), self.pace.wait_s
+                    lambda m: m.thread_ts == thread and m.text.startswith("Resolved"), self.pace.wait_s
                 )
                 self.expect(resolved, "connection_pool_exhaustion resolved in its thread")
         finally:
