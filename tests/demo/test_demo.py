@@ -1,8 +1,9 @@
 """``make demo`` for real: the live incident lab in its quick mode, as a subprocess, judged by its output.
 
-One run (about a minute and a half) feeds every test: a real Redis, redis_exporter, the feature
-service, Prometheus, ``diagnose serve`` and the Slack sink, then two capacity searches with an
-incident and a restart between them. The test process is made a child subreaper for the run, so
+One whole run (about a minute and a half) feeds the tests of the story: a real Redis,
+redis_exporter, the feature service, Prometheus, ``diagnose serve`` and the Slack sink, then two
+capacity searches with an incident and a restart between them; a second run is interrupted at
+its first load step, as Ctrl-C in a terminal does. The test process is made a child subreaper for the run, so
 every process the demo starts stays in its process tree, orphaned or not: the tree is read while
 the demo runs and after it exits.
 """
