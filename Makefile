@@ -8,13 +8,13 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	@$(PY) -m diagnoser.demo
+	@$(PY) demo/run.py
 
 test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check diagnoser tests bench
+	$(VENV)/bin/ruff check diagnoser tests bench demo
 	$(VENV)/bin/mypy
 
 bench: setup

@@ -45,6 +45,8 @@ class LocalPrometheus:
 
     openmetrics: str | None = None
     scrape_targets: list[str] = field(default_factory=list)
+    #: More scrape jobs by name (``{"redis": ["127.0.0.1:9121"]}``): series then carry their own ``job``.
+    scrape_jobs: dict[str, list[str]] = field(default_factory=dict)
     scrape_interval: str = "1s"
     prometheus_bin: str = "prometheus"
     promtool_bin: str = "promtool"
@@ -125,9 +127,12 @@ class LocalPrometheus:
             f"  scrape_interval: {self.scrape_interval}",
             f"  evaluation_interval: {self.scrape_interval}",
         ]
-        if self.scrape_targets:
-            lines += ["scrape_configs:", "  - job_name: local", "    static_configs:", "      - targets:"]
-            lines += [f"          - {target}" for target in self.scrape_targets]
+        jobs = {"local": self.scrape_targets, **self.scrape_jobs} if self.scrape_targets else self.scrape_jobs
+        if jobs:
+            lines.append("scrape_configs:")
+        for job, targets in jobs.items():
+            lines += [f"  - job_name: {job}", "    static_configs:", "      - targets:"]
+            lines += [f"          - {target}" for target in targets]
         return "\n".join(lines) + "\n"
 
     def _wait_ready(self) -> None:

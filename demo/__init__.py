@@ -1,0 +1,1 @@
+"""The live incident lab run by ``make demo`` (``demo/run.py``)."""
