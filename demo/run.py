@@ -427,9 +427,8 @@ class Lab:
                 self.pace.wait_s,
             ), "connection_pool_exhaustion in Slack")  # fmt: skip
             if new is not None:
-                t.say("The daemon names the same cause under live traffic. Its pool size counts the queue"
-                      " that built up\nwhile the overload lasted; the size computed at the knee is the one"
-                      " to deploy.")  # fmt: skip
+                t.say("The daemon names the same cause under live traffic, its size from Little's law on the"
+                      " demand it\nmeasures (served, timed out, and the growth of the queue).")  # fmt: skip
                 t.chapter(f"Restarting the service with the recommended pool of {pool}, traffic still coming")
                 self.stop_service()
                 self.start_service(pool)
