@@ -21,21 +21,12 @@ import pytest
 
 from diagnoser.local_prometheus import LocalPrometheus, free_port
 from tests.conftest import run_cli
+from tests.fixtures.pool_services.launch import wait_tcp
 
 MAXCLIENTS = 12
 
 pytestmark = pytest.mark.integration
 
-
-def _wait_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
 @pytest.fixture
@@ -54,8 +45,8 @@ def redis_stack(tmp_path: Path) -> Iterator[tuple[int, str]]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_port(redis_port)
-        _wait_port(exporter_port)
+        wait_tcp(redis_port)
+        wait_tcp(exporter_port)
         yield redis_port, f"127.0.0.1:{exporter_port}"
     finally:
         for process in (exporter, redis):
