@@ -200,7 +200,7 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
             await source.query(query, at, share=False)
             best = min(best, time.perf_counter() - started)
         singles.append(best)
-    source.close()
+    await source.aclose()
     if verbose:
         for seconds, query in sorted(zip(singles, queries, strict=True), reverse=True)[:12]:
             print(f"  {seconds * 1000:7.1f} ms  {' '.join(query.split())[:110]}")
@@ -213,7 +213,7 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
         diagnosis = await diagnose(rules, settings, Sources(prometheus=source), at=at)
         walls.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
-        source.close()
+        await source.aclose()
         findings, errors = len(diagnosis.findings), len(diagnosis.errors)
     slowest = max(singles)
     slowest_query = " ".join(queries[singles.index(slowest)].split())

@@ -250,7 +250,9 @@ def summary_line(coverage: Coverage) -> str:
         missing = sorted({m for r in coverage.rules if r.status == "no_data" for m in r.missing_metrics})
         why = sorted({r.reason for r in coverage.rules if r.status == "no_data" and r.reason})
         parts.append(f"{counts['no_data']} without data: {', '.join([*_metric_groups(missing), *why])}")
-    elif not coverage.metrics_checked and any(s.source == "prometheus" for s in coverage.sources):
+    elif not coverage.metrics_checked and any(
+        s.source == "prometheus" and s.status != "error" for s in coverage.sources
+    ):
         parts.append("metric presence not checked")
     text = ", ".join(parts)
     if counts.get("skipped"):

@@ -41,7 +41,7 @@ def render_table(
     width = width or _DEFAULT_WIDTH
     parts: list[RenderableType] = []
     when = diagnosis.evaluated_at.strftime("%Y-%m-%d %H:%M:%SZ")
-    long_links: list[Finding] = []
+    long_links: list[str] = []
     if not diagnosis.findings:
         parts.append(Text(f"No findings at {when}.", style="green"))
     else:
@@ -49,18 +49,18 @@ def render_table(
         for index, finding in enumerate(diagnosis.findings, 1):
             parts.append(Text(""))
             parts.append(_block(index, finding, verbose, width, links, long_links))
-    if long_links:
-        base = _common_base(long_links)
+    for base in dict.fromkeys(_split_runbook(url)[0] for url in long_links):
         parts.append(Text(""))
-        parts.append(Text("runbooks: " + base + "<rule>.md", style="dim", no_wrap=True, overflow="ignore"))
+        parts.append(Text(f"runbooks: {base}<runbook>", style="dim", no_wrap=True, overflow="ignore"))
     if diagnosis.errors:
         parts.append(Text(""))
         parts.append(Text("sources that could not answer", style="bold"))
+        errors = Table.grid(padding=(0, 1))
+        errors.add_column(no_wrap=True, style="red")
+        errors.add_column(overflow="fold")
         for error in diagnosis.errors:
-            line = Text("  ")
-            line.append(error.source, style="red")
-            line.append(f": {error.message}")
-            parts.append(line)
+            errors.add_row(f"{error.source}:", error.message)
+        parts.append(Padding(errors, (0, 0, 0, 2)))
     if diagnosis.coverage is not None:
         # "No findings" is only worth as much as what was looked at: always say what that was.
         parts.append(Text(""))
@@ -69,7 +69,7 @@ def render_table(
 
 
 def _block(
-    index: int, finding: Finding, verbose: bool, width: int, links: bool, long_links: list[Finding]
+    index: int, finding: Finding, verbose: bool, width: int, links: bool, long_links: list[str]
 ) -> RenderableType:
     head = Text()
     head.append(f"{index:>2}  ")
@@ -82,7 +82,7 @@ def _block(
     body.add_column(no_wrap=True, style="dim", min_width=_LABEL_WIDTH)
     body.add_column(overflow="fold")
     body.add_row("", Text(finding.summary))
-    lines = _evidence_lines(finding.evidence, verbose)
+    lines = _evidence_lines(finding.evidence, verbose, finding.summary)
     if lines and not verbose:
         # Short measurements read best as one wrapped sentence: value=1 (0.95), pending=30 (0).
         lines = [Text(", ").join(lines)]
@@ -96,33 +96,36 @@ def _block(
     return Group(*rows)
 
 
-def _runbook(finding: Finding, width: int, links: bool, long_links: list[Finding]) -> Text:
+def _runbook(finding: Finding, width: int, links: bool, long_links: list[str]) -> Text:
     url = finding.runbook_url
     # Aligned with the block's labelled rows: indent, label column, one space.
     label = " " * (_INDENT - 1) + "runbook".ljust(_LABEL_WIDTH + 1)
     text = Text(label, style="dim", no_wrap=True, overflow="ignore")
+    _, tail = _split_runbook(url)
     if links:
-        # A terminal shows a short word and opens the full URL: nothing to wrap.
-        text.append(finding.rule_id, style=f"link {url} underline")
+        # A terminal shows the short path and opens the full URL: nothing to wrap.
+        text.append(tail, style=f"link {url} underline")
         return text
     if len(text) + len(url) <= width:
         text.append(url)
         return text
-    # Too long for a line of its own at this width: never folded, the id instead.
-    long_links.append(finding)
-    text.append(finding.rule_id)
+    # Too long for a line of its own at this width: never folded; the path under the runbook
+    # base here, the base once below the findings.
+    long_links.append(url)
+    text.append(tail)
     return text
 
 
-def _common_base(findings: list[Finding]) -> str:
-    """The runbook base shared by ``findings`` (``<base><rule id>.md``)."""
-    first = findings[0]
-    suffix = f"{first.rule_id}.md"
-    return first.runbook_url.removesuffix(suffix) if first.runbook_url.endswith(suffix) else ""
+def _split_runbook(url: str) -> tuple[str, str]:
+    """``(base, path)`` of a runbook URL: the path under its ``rules/`` directory, else its file."""
+    cut = url.rfind("/rules/")
+    cut = cut + len("/rules/") if cut >= 0 else url.rfind("/") + 1
+    return url[:cut], url[cut:]
 
 
-def _evidence_lines(evidence: list[Evidence], verbose: bool) -> list[Text]:
-    """``name=value (threshold)`` per evidence row; without ``verbose``, the first row per name."""
+def _evidence_lines(evidence: list[Evidence], verbose: bool, summary: str = "") -> list[Text]:
+    """``name=value (threshold)`` per evidence row; without ``verbose``, the first row per name
+    and no detail the summary already says."""
     lines: list[Text] = []
     seen: set[str] = set()
     for row in evidence:
@@ -137,6 +140,8 @@ def _evidence_lines(evidence: list[Evidence], verbose: bool) -> list[Text]:
                 text.append(f" ({row.threshold:.4g})")
         # The convention that answered is for the verbose view; its caveat always shows.
         detail = row.annotation if verbose else "; ".join(p for p in (row.detail, row.caveat) if p)
+        if not verbose and row.detail and row.detail in summary:
+            detail = row.caveat or ""
         if detail:
             if not verbose and len(detail) > _DETAIL_CHARS:
                 detail = detail[: _DETAIL_CHARS - 3] + "..."

@@ -1,12 +1,13 @@
 """PromQL over HTTP (Prometheus, Thanos, Mimir, VictoriaMetrics) through an async ``httpx`` client.
 
-Every query is a native coroutine with its own timeout, sent both to the socket (httpx) and to
-Prometheus (``timeout=``, so the server stops evaluating too); the engine's deadline cancels it
+Every query is a native coroutine with its own timeout, sent to Prometheus (``timeout=``, so the
+server stops evaluating and says so) and, half a second longer, to the socket (httpx): a socket
+timeout then means the server is stuck, not the query slow. The engine's deadline cancels a query
 outright, so no thread outlives a diagnosis and the process exits when the report is printed.
 Nothing raises: every failure comes back as a :class:`~diagnoser.models.SourceError` whose
 message names one cause (a body is summarised by its status and content type, never dumped), so
 the same cause met by thirty rules collapses into one report entry. When the endpoint itself is
-unusable (refused, not a Prometheus API, credentials rejected) the source remembers it for a few
+unusable (refused, stuck, not a Prometheus API, credentials rejected) the source remembers it for a few
 seconds and answers further queries with the same error instead of asking again. There are no
 retries: a diagnosis runs under one deadline, and backing off on a struggling Prometheus only adds
 load and delay.
@@ -39,6 +40,9 @@ _SHARED_ANSWERS = 256
 #: How long an endpoint-level failure (refused, not Prometheus, unauthorised) answers for the
 #: endpoint without asking it again: one diagnosis' burst of queries, not the daemon's next run.
 _ENDPOINT_FAILURE_MEMORY_S = 5.0
+
+#: How much longer the socket waits than the ``timeout=`` Prometheus is given.
+_SERVER_TIMEOUT_SLACK_S = 0.5
 
 T = TypeVar("T")
 _CLOSING: set[asyncio.Task[None]] = set()
@@ -243,7 +247,10 @@ class PrometheusSource:
                 remembered = self._remembered_failure()
                 if remembered is not None:
                     return remembered
-                response = await client.get(path, params=params, timeout=timeout)
+                # The socket waits a little longer than Prometheus' own timeout, so a slow query
+                # comes back as Prometheus' 503 (that query's problem) and a socket timeout means
+                # the server itself is stuck: an endpoint failure, not asked again this run.
+                response = await client.get(path, params=params, timeout=timeout + _SERVER_TIMEOUT_SLACK_S)
             return parse(_api_data(response, self.url, query))
         except _EndpointFailure as exc:
             return self._remember(str(exc))
@@ -251,7 +258,7 @@ class PrometheusSource:
             return self._error(str(exc))
         except httpx.TimeoutException:
             # Queries in flight when the endpoint proved unusable fail of that, not of their own.
-            return self._remembered_failure() or self._error(
+            return self._remembered_failure() or self._remember(
                 f"no answer within {timeout:g}s from {self.url}"
             )
         except httpx.ConnectError as exc:

@@ -31,9 +31,11 @@ def test_demo_table_fits_80_columns_and_never_splits_a_url(incident_prometheus: 
     assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
     urls = [url for line in lines for url in _URL.findall(line)]
     assert urls, out  # the runbook base is printed whole
-    assert all(url.endswith(".md") for url in urls), urls  # every URL whole, up to its .md
-    assert "runbook  pools/pool-exhaustion" in out
-    assert "evidence value=1 (0.95), waiting=30 (0) requests waiting for" in out
+    # Every URL whole: a runbook up to its .md, or the runbook base printed once.
+    assert all(url.endswith((".md", "/rules/<runbook>")) for url in urls), urls
+    assert "runbook  pools/pool-exhaustion.md" in out
+    assert "runbooks: https://github.com/diagnoser/diagnoser/blob/main/rules/<runbook>" in out
+    assert "evidence value=1 (0.95), waiting=30 (0), max=10" in out
 
 
 def test_wide_table_has_each_runbook_url_on_its_own_line(incident_prometheus: IncidentPrometheus) -> None:
