@@ -207,9 +207,10 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 
 def pool_size_recommended(recommendation: str) -> int | None:
-    """The size in the pool rule's recommendation ("Raise the pool from 10 to 32 connections ...");
-    the JSON contract carries the recommendation as its text."""
-    found = re.search(r"from (\d+) to (\d+) connections", recommendation)
+    """The size in a pool rule's recommendation ("Raise the pool from 10 to 32 connections ...", or
+    "from 10 (inferred: ...) to 32 connections" when the size is inferred); the JSON contract
+    carries the recommendation as its text."""
+    found = re.search(r"from (\d+)(?: \([^)]*\))? to (\d+) connections", recommendation)
     return int(found.group(2)) if found else None
 
 

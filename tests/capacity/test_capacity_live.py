@@ -76,7 +76,9 @@ class PoolRun:
 
 def _recommended_pool(report: dict[str, Any]) -> int | None:
     bottleneck = report["bottleneck"] or {}
-    found = re.search(r"from (\d+) to (\d+) connections", bottleneck.get("recommendation", ""))
+    # The measured rule says "from 4 to 6 connections"; the inferred one puts how it knows the
+    # current size in brackets: "from 6 (inferred: ...) to 8 connections".
+    found = re.search(r"from (\d+)(?: \([^)]*\))? to (\d+) connections", bottleneck.get("recommendation", ""))
     return int(found.group(2)) if found else None
 
 
