@@ -22,7 +22,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from diagnoser.config import Settings
 from diagnoser.engine import RuleOutcome
@@ -37,8 +36,6 @@ from diagnoser.models import (
     SourceError,
 )
 from diagnoser.ruleset import Rule, resolve_condition
-from diagnoser.signals import load_catalogue
-from diagnoser.signals.expand import required_metrics
 from diagnoser.sources.prometheus import rewrite_metric_names
 from diagnoser.templating import MissingVariable
 
@@ -67,7 +64,6 @@ _KEYWORDS = frozenset(
     {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
      "offset", "inf", "nan", "start", "end"}
 )
-_PROMQL_KINDS = frozenset({"promql", "trend"})
 
 
 def metric_names_in(query: str) -> set[str]:
@@ -88,37 +84,16 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
     variables = rule.variables(settings)
     names: set[str] = set()
     for condition in (*rule.when, *rule.evidence):
-        if condition.kind.name == "signal":
-            # What decides whether the rule can hold: its conditions, not its evidence.
-            if condition in rule.when:
-                names |= _signal_metric_names(condition.raw_params, settings)
-            continue
-        if condition.kind.name not in _PROMQL_KINDS:
+        if not condition.kind.needs_data or (condition.kind.name == "signal" and condition not in rule.when):
+            # An ``absent`` condition holds without data; a signal's evidence does not decide
+            # whether its rule can hold.
             continue
         try:
             params = resolve_condition(condition.kind, condition.raw_params, variables)
         except (MissingVariable, ValueError):
             continue
-        for query in (getattr(params, "query", None), getattr(params, "limit", None)):
-            if query:
-                names |= metric_names_in(rewrite_metric_names(query, settings.metrics))
-    return names
-
-
-def _signal_metric_names(raw: Mapping[str, Any], settings: Settings) -> set[str]:
-    """Every metric name, in every convention of the catalogue, a signal condition could read."""
-    catalogue = load_catalogue(tuple(settings.signal_files))
-    query = raw.get("query")
-    alternatives = raw.get("any_of") or []
-    templates = (
-        [str(query)] if query else [str(a["query"] if isinstance(a, Mapping) else a) for a in alternatives]
-    )
-    names: set[str] = set()
-    for template in templates:
-        for convention in catalogue.conventions:
-            needed = required_metrics(template, convention)
-            if needed:
-                names |= {rewrite_metric_names(name, settings.metrics) for name in needed}
+        for _, query in condition.kind.queries_of(params, settings):
+            names |= metric_names_in(rewrite_metric_names(query, settings.metrics))
     return names
 
 

@@ -144,7 +144,8 @@ async def _evaluate(
     for condition in conditions:
         # Fail fast and quietly on unset signals or unconfigured sources, before any query.
         _resolve(rule, condition, variables)
-        ctx.require(getattr(sources, condition.kind.source, None), condition.kind.source)
+        for name in condition.kind.reads:
+            ctx.require(sources.get(name), name)
     when_results: Sequence[CheckResult] = await asyncio.gather(
         *(condition.kind.run(_resolve(rule, condition, variables), ctx) for condition in rule.when)
     )

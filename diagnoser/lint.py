@@ -18,12 +18,10 @@ import re
 import string
 from datetime import UTC, datetime
 
-from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, limit_query, trend_query
-from diagnoser.checks.signal import SignalParams, templates_of
 from diagnoser.config import Settings
 from diagnoser.models import SourceError
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
-from diagnoser.signals import expansions, load_catalogue
+from diagnoser.signals import load_catalogue
 from diagnoser.sources.prometheus import PrometheusSource
 from diagnoser.templating import MissingVariable, optional_clauses
 
@@ -139,7 +137,6 @@ def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
     variables = rule.variables(
         settings, signals={"queue_length": "diagnoser_lint_unset_signal", **settings.signals}
     )
-    catalogue = load_catalogue(tuple(settings.signal_files))
     found: list[tuple[str, str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):
         for index, condition in enumerate(conditions):
@@ -149,14 +146,9 @@ def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
                 continue
             kind = condition.kind.name
             where = f"{rule.path}: rule {rule.id}: field {section}[{index}].{kind}.query"
-            if isinstance(resolved, PromqlParams | AbsentParams):
-                found.append((where, resolved.query, kind))
-            elif isinstance(resolved, TrendParams):
-                found.append((where, trend_query(resolved), kind))
-                if resolved.limit:
-                    found.append((where.replace(".query", ".limit"), limit_query(resolved), kind))
-            elif isinstance(resolved, SignalParams):
-                for alternative in templates_of(resolved):
-                    for expansion in expansions(alternative.query, catalogue):
-                        found.append((f"{where} ({expansion.convention.name})", expansion.query, kind))
+            for alternative, query in condition.kind.queries_of(resolved, settings):
+                if alternative.startswith("."):  # another field of the condition
+                    found.append((where.replace(".query", alternative), query, kind))
+                else:
+                    found.append((where + alternative, query, kind))
     return found

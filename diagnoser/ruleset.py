@@ -130,7 +130,7 @@ class Rule:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        seen = dict.fromkeys(c.kind.source for c in (*self.when, *self.evidence))
+        seen = dict.fromkeys(name for c in (*self.when, *self.evidence) for name in c.kind.sources)
         return tuple(seen)
 
     def runbook_url(self, base_url: str) -> str:

@@ -51,7 +51,7 @@ from diagnoser.elasticsearch.slowlog import (
 )
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
-from diagnoser.threads import run_blocking
+from diagnoser.sources.base import run_blocking
 
 __all__ = ["EsParams", "es_check"]
 
@@ -151,7 +151,7 @@ class EsParams(BaseModel):
         return self
 
 
-@check_kind("es", params=EsParams, source=SOURCE)
+@check_kind("es", params=EsParams, reads={"elasticsearch"})
 async def es_check(params: EsParams, ctx: CheckContext) -> CheckResult:
     """Run the named Elasticsearch check; see the module docstring for each one."""
     if params.check == "expensive_query":
@@ -299,7 +299,7 @@ async def _expensive_query(params: EsParams, ctx: CheckContext) -> CheckResult:
         queries.append("slow log files " + ", ".join(str(p) for p in paths))
         try:
             # File reading is blocking and can take seconds on big logs: keep the event loop free,
-            # in a daemon thread the deadline can abandon (diagnoser.threads).
+            # in a daemon thread the deadline can abandon (diagnoser.sources.base.run_blocking).
             await run_blocking(
                 functools.partial(summarise_slowlog_files, paths, since=since, until=until, summary=summary)
             )

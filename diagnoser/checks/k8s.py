@@ -147,7 +147,7 @@ class K8sParams(BaseModel):
 _Check = Callable[[K8sParams, CheckContext, KubernetesSource], Awaitable[CheckResult]]
 
 
-@check_kind("k8s", params=K8sParams, source=SOURCE)
+@check_kind("k8s", params=K8sParams, reads={"kubernetes"}, also_reads={"prometheus"})
 async def k8s_check(params: K8sParams, ctx: CheckContext) -> CheckResult:
     """Run the named Kubernetes check; see the module docstring for the list."""
     source: KubernetesSource = ctx.require(ctx.sources.kubernetes, SOURCE)

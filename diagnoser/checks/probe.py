@@ -157,7 +157,7 @@ def _detail(result: ProbeResult, params: ProbeParams) -> str:
     )
 
 
-@check_kind("probe", params=ProbeParams, source=SOURCE)
+@check_kind("probe", params=ProbeParams, reads={"probe"})
 async def probe_check(params: ProbeParams, ctx: CheckContext) -> CheckResult:
     """Holds when the probe's ``field`` (``/ per``) compares ``op`` ``threshold``."""
     result = ctx.require(ctx.sources.probe, SOURCE)

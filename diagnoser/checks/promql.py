@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -22,6 +22,9 @@ from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence, SourceError
 from diagnoser.sources.prometheus import PrometheusSource, Sample
+
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
 
 __all__ = ["AbsentParams", "PromqlParams", "TrendParams", "limit_query", "trend_query"]
 
@@ -91,7 +94,7 @@ def _prometheus(ctx: CheckContext) -> PrometheusSource:
     return ctx.require(ctx.sources.prometheus, SOURCE)
 
 
-@check_kind("promql", params=PromqlParams, source=SOURCE)
+@check_kind("promql", params=PromqlParams, reads={SOURCE}, queries=lambda p, _: [("", p.query)])
 async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
     source = _prometheus(ctx)
     samples = await source.query(params.query, ctx.at, params.timeout_s)
@@ -118,7 +121,9 @@ async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
     return evidence
 
 
-@check_kind("absent", params=AbsentParams, source=SOURCE)
+@check_kind(
+    "absent", params=AbsentParams, reads={SOURCE}, queries=lambda p, _: [("", p.query)], needs_data=False
+)
 async def absent(params: AbsentParams, ctx: CheckContext) -> CheckResult:
     source = _prometheus(ctx)
     samples = await source.query(params.query, ctx.at, params.timeout_s)
@@ -152,7 +157,15 @@ def limit_query(params: TrendParams) -> str:
     return f"max by ({on}) ({params.limit}) > 0"
 
 
-@check_kind("trend", params=TrendParams, source=SOURCE)
+def trend_queries(params: TrendParams, settings: Settings) -> list[tuple[str, str]]:
+    """The projection, and the limits query when the trend compares with a limit."""
+    found = [("", trend_query(params))]
+    if params.limit:
+        found.append((".limit", limit_query(params)))
+    return found
+
+
+@check_kind("trend", params=TrendParams, reads={SOURCE}, queries=trend_queries)
 async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
     source = _prometheus(ctx)
     projection = trend_query(params)

@@ -7,7 +7,7 @@ A check kind is one module that registers a coroutine with :func:`check_kind`::
         pool: str
         min_share: float = 0.5
 
-    @check_kind("es_hot_threads_demo", params=HotThreadsParams)
+    @check_kind("es_hot_threads_demo", params=HotThreadsParams, reads={"elasticsearch"})
     async def hot_threads(params: HotThreadsParams, ctx: CheckContext) -> CheckResult:
         es = ctx.require(ctx.sources.elasticsearch, "elasticsearch")
         ...
@@ -16,8 +16,12 @@ A check kind is one module that registers a coroutine with :func:`check_kind`::
 A rule condition ``- es_hot_threads_demo: {pool: merge}`` is then validated against
 ``HotThreadsParams`` when the rule file loads. A check returns the evidence rows that hold
 (an empty list means the condition does not hold), or a :class:`SourceError` when its source
-could not answer. It raises :class:`SourceNotConfigured` (via ``ctx.require``) when the source
-it needs is absent, which skips the rule quietly. Every module in ``diagnoser.checks`` is
+could not answer.
+
+A kind declares the sources it ``reads`` (all must be configured, else the engine skips the rule
+quietly before any query) and those it ``also_reads`` when present; a name that is not a source
+is an error when the kind registers. ``queries`` lists the PromQL a condition would send, for
+``rules lint`` and the coverage report. Every module in the ``diagnoser.checks`` package tree is
 imported by :func:`load_check_kinds`, so adding a kind edits no table.
 """
 
@@ -25,19 +29,19 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import BaseModel
 
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
+from diagnoser.sources.base import SOURCE_NAMES, SourceName, Sources
 
 if TYPE_CHECKING:
     from diagnoser.config import Settings
-    from diagnoser.sources import Sources
 
 __all__ = [
     "CheckContext",
@@ -72,43 +76,82 @@ class CheckContext:
 
 @dataclass(frozen=True)
 class CheckKind:
-    """A registered check kind: its name, parameter model and coroutine."""
+    """A registered check kind: its name, parameter model, coroutine and what it reads."""
 
     name: str
     params: type[BaseModel]
     run: Callable[[Any, CheckContext], Awaitable[CheckResult]]
-    #: The source this kind reads (for reports and ``rules list``).
-    source: str
+    #: The sources it cannot work without, in the order reports name them.
+    reads: tuple[SourceName, ...]
+    #: Sources it reads when they are configured and does without otherwise.
+    also_reads: tuple[SourceName, ...] = ()
+    #: ``(where, PromQL)`` for every query a condition with these (resolved) params can send;
+    #: ``where`` tells alternatives apart (``""``, ``".limit"``, ``" (otel-semconv)"``).
+    queries: Callable[[Any, Settings], list[tuple[str, str]]] | None = None
+    #: False for a kind that holds when its data is missing (``absent``): its metrics being
+    #: absent is no gap in coverage.
+    needs_data: bool = True
+
+    @property
+    def sources(self) -> tuple[SourceName, ...]:
+        return (*self.reads, *(name for name in self.also_reads if name not in self.reads))
+
+    def queries_of(self, params: BaseModel, settings: Settings) -> list[tuple[str, str]]:
+        return self.queries(params, settings) if self.queries is not None else []
 
 
 _REGISTRY: dict[str, CheckKind] = {}
 
 
+def _source_names(kind: str, names: Collection[str]) -> tuple[SourceName, ...]:
+    unknown = sorted(set(names) - SOURCE_NAMES)
+    if unknown:
+        raise ValueError(f"check kind {kind!r} reads {unknown}, not sources (known: {sorted(SOURCE_NAMES)})")
+    return tuple(cast(SourceName, name) for name in sorted(names))
+
+
 def check_kind(
-    name: str, *, params: type[P], source: str
+    name: str,
+    *,
+    params: type[P],
+    reads: Collection[str],
+    also_reads: Collection[str] = (),
+    queries: Callable[[P, Settings], list[tuple[str, str]]] | None = None,
+    needs_data: bool = True,
 ) -> Callable[
     [Callable[[P, CheckContext], Awaitable[CheckResult]]], Callable[[P, CheckContext], Awaitable[CheckResult]]
 ]:
     """Register the decorated coroutine as the check kind ``name`` with parameters ``params``."""
+    if not reads:
+        raise ValueError(f"check kind {name!r} reads no source")
+    kind_reads, kind_also_reads = _source_names(name, reads), _source_names(name, also_reads)
 
     def register(
         func: Callable[[P, CheckContext], Awaitable[CheckResult]],
     ) -> Callable[[P, CheckContext], Awaitable[CheckResult]]:
         if name in _REGISTRY and _REGISTRY[name].run is not func:
             raise ValueError(f"check kind {name!r} is registered twice")
-        _REGISTRY[name] = CheckKind(name=name, params=params, run=func, source=source)
+        _REGISTRY[name] = CheckKind(
+            name=name,
+            params=params,
+            run=func,
+            reads=kind_reads,
+            also_reads=kind_also_reads,
+            queries=queries,
+            needs_data=needs_data,
+        )
         return func
 
     return register
 
 
 def load_check_kinds() -> Mapping[str, CheckKind]:
-    """Import every module of ``diagnoser.checks`` (registering its kinds) and return the registry."""
+    """Import every module of the ``diagnoser.checks`` tree (registering its kinds); the registry."""
     import diagnoser.checks as package
 
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name != "registry":
-            importlib.import_module(f"{package.__name__}.{module.name}")
+    for module in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+        if module.name != __name__:
+            importlib.import_module(module.name)
     return _REGISTRY
 
 

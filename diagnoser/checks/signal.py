@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -39,6 +39,9 @@ from diagnoser.models import Evidence, SourceError
 from diagnoser.signals import Expansion, expansions, load_catalogue, normalise_labels, validate_template
 from diagnoser.signals.catalogue import active_catalogue
 from diagnoser.sources.prometheus import PrometheusSource
+
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
 
 __all__ = ["SignalParams", "signal_check", "templates_of"]
 
@@ -109,7 +112,17 @@ def _seconds(duration: str) -> float:
     return float(sum(int(n) * _UNITS[u] for n, u in _DURATION.findall(duration)))
 
 
-@check_kind("signal", params=SignalParams, source=SOURCE)
+def signal_queries(params: SignalParams, settings: Settings) -> list[tuple[str, str]]:
+    """Every query the condition can send: each alternative under every convention of the catalogue."""
+    catalogue = load_catalogue(tuple(settings.signal_files))
+    return [
+        (f" ({expansion.convention.name})", expansion.query)
+        for alternative in templates_of(params)
+        for expansion in expansions(alternative.query, catalogue)
+    ]
+
+
+@check_kind("signal", params=SignalParams, reads={SOURCE}, queries=signal_queries)
 async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
     catalogue = load_catalogue(tuple(ctx.settings.signal_files))

@@ -1,26 +1,11 @@
-"""Read-only sources of evidence. Each answers with data or a SourceError value, never a raw exception."""
+"""Read-only sources of evidence. Each answers with data or a SourceError value, never a raw exception.
+
+:mod:`diagnoser.sources.base` holds what they share; each source lives in its own module and
+imports its client library only when it is used.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from diagnoser.sources.base import SourceName, Sources
 
-if TYPE_CHECKING:
-    from diagnoser.sources.prometheus import PrometheusSource
-
-__all__ = ["Sources"]
-
-
-@dataclass
-class Sources:
-    """The sources one evaluation may use; ``None`` means not configured (rules needing it are skipped).
-
-    ``elasticsearch`` is an ``ElasticsearchSource``, ``kubernetes`` a ``KubernetesSource`` and
-    ``probe`` the last ``ProbeResult``; they are typed loosely here so this module imports none
-    of their client libraries.
-    """
-
-    prometheus: PrometheusSource | None = None
-    elasticsearch: Any | None = None
-    kubernetes: Any | None = None
-    probe: Any | None = None
+__all__ = ["SourceName", "Sources"]

@@ -1,7 +1,7 @@
 """Read-only access to the Kubernetes API for the ``k8s`` checks.
 
 :class:`KubernetesSource` wraps the official ``kubernetes`` client. Its sync calls run in daemon
-threads (:func:`diagnoser.threads.run_blocking`, at most ``max_concurrency`` at once), so a slow
+threads (:func:`diagnoser.sources.base.run_blocking`, at most ``max_concurrency`` at once), so a slow
 API server can neither starve the event loop nor hold the process open past the diagnosis'
 deadline: the engine cancels the waiting coroutine and the thread, if still blocked, dies with
 the process. One timeout per HTTP call and no automatic retries: a check that failed once reports
@@ -38,8 +38,8 @@ import urllib3
 from diagnoser.config import KubernetesSettings
 from diagnoser.errors import ConfigError
 from diagnoser.models import SourceError
+from diagnoser.sources.base import run_blocking
 from diagnoser.sources.kubernetes_resources import RESOURCES, ResourceKind
-from diagnoser.threads import run_blocking
 
 __all__ = ["KubernetesSource", "ListResult", "ObjectResult"]
 

@@ -20,8 +20,7 @@ import math
 import re
 import ssl
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -31,6 +30,7 @@ import httpx
 from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
 from diagnoser.redact import redact_url, scrub_text
+from diagnoser.sources.base import SingleFlight
 
 __all__ = ["PrometheusSource", "Sample", "rewrite_metric_names"]
 
@@ -82,8 +82,9 @@ class PrometheusSource:
     _client: httpx.AsyncClient | None = field(init=False, repr=False, default=None)
     _client_loop: asyncio.AbstractEventLoop | None = field(init=False, repr=False, default=None)
     _semaphore: asyncio.Semaphore | None = field(init=False, repr=False, default=None)
-    _shared: OrderedDict[tuple[Any, ...], asyncio.Future[Any]] = field(
-        init=False, repr=False, default_factory=OrderedDict
+    #: Answers keyed by query and instant: rules asking the same thing share one request.
+    _shared: SingleFlight = field(
+        init=False, repr=False, default_factory=lambda: SingleFlight(max_entries=_SHARED_ANSWERS)
     )
     _endpoint_failure: tuple[float, SourceError] | None = field(init=False, repr=False, default=None)
 
@@ -169,9 +170,6 @@ class PrometheusSource:
 
     def _cancel_shared(self) -> None:
         # Shared answers outlive the rules that gave up on them (shield); closing ends them.
-        for future in self._shared.values():
-            if not future.done() and not future.get_loop().is_closed():
-                future.cancel()
         self._shared.clear()
 
     def prepare(self, query: str) -> str:
@@ -196,7 +194,7 @@ class PrometheusSource:
 
         if not share:
             return await ask()
-        return await self._shared_call(("query", prepared, at.timestamp(), timeout), ask)
+        return await self._shared.run(("query", prepared, at.timestamp(), timeout), ask)
 
     async def metric_names(self, at: datetime, lookback_s: float = 300.0) -> set[str] | SourceError:
         """Names of the metrics with samples in ``[at - lookback_s, at]``, or a SourceError.
@@ -212,21 +210,7 @@ class PrometheusSource:
         async def ask() -> set[str] | SourceError:
             return await self._call("/api/v1/label/__name__/values", params, timeout, _names_from, None)
 
-        return await self._shared_call(("names", at.timestamp(), lookback_s), ask)
-
-    async def _shared_call(
-        self, key: tuple[Any, ...], ask: Callable[[], Awaitable[T]]
-    ) -> T:
-        loop = asyncio.get_running_loop()
-        shared = self._shared.get(key)
-        if shared is None or shared.get_loop() is not loop:
-            shared = asyncio.ensure_future(ask())
-            self._shared[key] = shared
-            while len(self._shared) > _SHARED_ANSWERS:
-                self._shared.popitem(last=False)
-        # shield: one rule giving up (deadline) must not cancel the answer other rules wait for.
-        result: T = await asyncio.shield(shared)
-        return result
+        return await self._shared.run(("names", at.timestamp(), lookback_s), ask)
 
     async def _call(
         self,

@@ -45,7 +45,7 @@ def _rows(result: list[Evidence] | SourceError) -> list[Evidence]:
 def test_registered_as_es_kind() -> None:
     kind = check_kinds()["es"]
     assert kind.params is EsParams
-    assert kind.source == "elasticsearch"
+    assert kind.reads == ("elasticsearch",)
 
 
 async def test_hot_threads_merge(serve: ServeFactory, source_for: SourceFactory) -> None:

@@ -193,4 +193,4 @@ def test_public_surface_and_registration() -> None:
     for name in diagnoser.probe.__all__:
         assert hasattr(diagnoser.probe, name), name
     kind = check_kinds()["probe"]
-    assert kind.source == "probe"
+    assert kind.reads == ("probe",)

@@ -27,7 +27,7 @@ class FakeParams(BaseModel):
     sleep_s: float = 0.0
 
 
-@check_kind("test_fake", params=FakeParams, source="prometheus")
+@check_kind("test_fake", params=FakeParams, reads={"prometheus"})
 async def fake_check(params: FakeParams, ctx: CheckContext) -> CheckResult:
     if params.sleep_s:
         await asyncio.sleep(params.sleep_s)
