@@ -308,25 +308,43 @@ def _condition(
     keys = [k for k in raw if k != "name"]
     if len(keys) != 1:
         raise _ConditionInvalid(
-            "", f"needs exactly one check kind, got {keys or 'none'}; known: {', '.join(sorted(kinds))}"
+            "", f"needs exactly one check kind, got {keys or 'none'}; known: {', '.join(_kind_names(kinds))}"
         )
-    kind_name = keys[0]
-    if kind_name not in kinds:
-        raise _ConditionInvalid(
-            f".{kind_name}", f"unknown check kind {kind_name!r}; known: {', '.join(sorted(kinds))}"
-        )
-    kind = kinds[kind_name]
-    params = raw[kind_name]
-    if not isinstance(params, Mapping):
-        raise _ConditionInvalid(f".{kind_name}", "parameters must be a mapping")
+    kind, params = _kind_of(keys[0], raw[keys[0]], kinds)
     try:
         resolve_condition(kind, params, defaults)
     except MissingVariable:
         pass  # e.g. ${signals.queue_length}: legitimately unset until configured
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise _ConditionInvalid(f".{kind_name}.{_loc(err['loc'])}", _message(err)) from exc
+        raise _ConditionInvalid(f".{keys[0]}.{_loc(err['loc'])}", _message(err)) from exc
     return Condition(kind=kind, raw_params=params, name=name)
+
+
+def _kind_of(key: str, params: Any, kinds: Mapping[str, CheckKind]) -> tuple[CheckKind, Mapping[str, Any]]:
+    """The kind a condition names, and its parameters.
+
+    ``promql: {...}`` names the kind ``promql``. A family of checks over one API is written
+    ``k8s: {check: crash_loop, ...}`` and names the kind ``k8s.crash_loop``, which gets the
+    other parameters.
+    """
+    if not isinstance(params, Mapping):
+        raise _ConditionInvalid(f".{key}", "parameters must be a mapping")
+    if key in kinds:
+        return kinds[key], params
+    family = sorted(name.split(".", 1)[1] for name in kinds if name.startswith(f"{key}."))
+    if not family:
+        known = ", ".join(_kind_names(kinds))
+        raise _ConditionInvalid(f".{key}", f"unknown check kind {key!r}; known: {known}")
+    check = params.get("check")
+    if check not in family:
+        raise _ConditionInvalid(f".{key}.check", f"unknown check {check!r}; known: {', '.join(family)}")
+    return kinds[f"{key}.{check}"], {name: value for name, value in params.items() if name != "check"}
+
+
+def _kind_names(kinds: Mapping[str, CheckKind]) -> list[str]:
+    """What a condition can name: each kind, a family of checks once (``k8s``)."""
+    return sorted({name.split(".", 1)[0] for name in kinds})
 
 
 def resolve_condition(
