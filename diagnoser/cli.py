@@ -27,13 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from diagnoser.config import Settings, check_inputs, configured_sources, load_settings
-from diagnoser.deadline import remaining_deadline
+from diagnoser.engine.deadline import remaining_deadline
+from diagnoser.engine.run import ProbeRunner, load_ruleset, run_diagnosis
+from diagnoser.engine.scope import ReportScope
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
 from diagnoser.ruleset import RuleSet
-from diagnoser.runner import ProbeRunner, load_ruleset, run_diagnosis
-from diagnoser.scope import ReportScope
 from diagnoser.timeparse import parse_instant
 
 __all__ = ["app", "main"]

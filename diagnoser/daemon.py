@@ -4,7 +4,7 @@ An APScheduler ``AsyncIOScheduler`` runs the daemon's jobs on one event loop, ea
 interval and jitter, never two runs of the same job at once (``max_instances=1``), missed runs
 merged into one (``coalesce``) and dropped when too late (``misfire_grace_time``):
 
-- *diagnose*: :func:`diagnoser.runner.run_diagnosis` over sources built once and kept open, with
+- *diagnose*: :func:`diagnoser.engine.run.run_diagnosis` over sources built once and kept open, with
   the latest probe result; the result goes through the :class:`~diagnoser.state.StateStore`
   (new, repeat after cooldown, severity change, resolved) and what must be said is queued;
 - *probe*: each configured probe definition (``probes/*.yaml``), its latency into ``/metrics``;
@@ -42,6 +42,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from diagnoser.config import Settings
 from diagnoser.daemon_http import DaemonMetrics, alert_scopes, build_app, finding_in_scope
+from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.errors import StateError
 from diagnoser.http_limits import ConnectionLimits, start_limited_server
 from diagnoser.leader import LeaderElector, SoleLeader, elector_for
@@ -57,7 +58,6 @@ from diagnoser.notify.slack import (
 )
 from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.ruleset import RuleSet
-from diagnoser.runner import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.state import NotificationKind, OutboxEntry, StateStore, fingerprint
 
 __all__ = ["Daemon", "render_entry", "run_daemon"]

@@ -4,10 +4,19 @@ Everything diagnoser raises on purpose derives from :class:`DiagnoserError`::
 
     DiagnoserError
     ├── ConfigError            bad configuration file, environment or flag (CLI exit code 2)
-    ├── RuleLoadError          one or more rule files failed validation; carries every problem
     ├── SourceNotConfigured    a check needs a source the user did not configure: the rule is skipped
+    ├── MissingVariable        a ``${...}`` placeholder names a value not set (also a KeyError):
+    │                          an unset ``signals.X`` skips the rule
+    ├── ExpressionError        a rule's ``compute`` expression is invalid or cannot be evaluated
+    │                          (also a ValueError); ``missing``: a value it names is absent
     ├── ProbeSafetyError       a probe asked for more than its caps or a host outside the allowlist
-    └── StateError             the daemon's state file cannot be opened or written (``reason`` says why)
+    ├── SlackSendError         Slack did not take a message; its attributes say whether to retry
+    ├── StateError             the daemon's state file cannot be opened or written (``reason`` says why)
+    ├── NotationError          a rule test's series notation does not parse (also a ValueError)
+    └── LocalPrometheusError   the local Prometheus of ``rules test`` could not be prepared or started
+
+Rule files that fail validation are not raised: each becomes a :class:`RuleProblem` of the
+loaded rule set, so one bad file never hides the others.
 
 Sources never let a client library's exception (requests, urllib3, httpx, elasticsearch,
 kubernetes) escape: they return a :class:`diagnoser.models.SourceError` value instead, so a
@@ -21,9 +30,13 @@ from dataclasses import dataclass
 __all__ = [
     "ConfigError",
     "DiagnoserError",
+    "ExpressionError",
+    "LocalPrometheusError",
+    "MissingVariable",
+    "NotationError",
     "ProbeSafetyError",
-    "RuleLoadError",
     "RuleProblem",
+    "SlackSendError",
     "SourceNotConfigured",
     "StateError",
 ]
@@ -51,14 +64,6 @@ class RuleProblem:
         return f"{self.path}: rule {self.rule_id}:{field} {self.message}"
 
 
-class RuleLoadError(DiagnoserError):
-    """Rule files failed to load; ``problems`` lists each one with its location."""
-
-    def __init__(self, problems: list[RuleProblem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
-
-
 class SourceNotConfigured(DiagnoserError):
     """A check needs a source (Elasticsearch, Kubernetes, probe...) that is not configured."""
 
@@ -78,3 +83,57 @@ class StateError(DiagnoserError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class MissingVariable(DiagnoserError, KeyError):
+    """A ``${...}`` placeholder names a value that is not configured (e.g. an unset signal)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"${{{self.name}}} is not configured"
+
+
+class ExpressionError(DiagnoserError, ValueError):
+    """An expression is malformed, uses something not allowed, or names a missing value."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        #: True when the expression is fine but a value it needs was not measured.
+        self.missing = missing
+
+
+class SlackSendError(DiagnoserError):
+    """Slack did not take the message (or did not say): what to do next is in the attributes.
+
+    ``error`` is Slack's error code (``channel_not_found``) or ``""``; ``permanent``: resending
+    cannot help; ``layout``: the blocks were refused, the text alone may pass; ``retry_after``:
+    seconds Slack asked to wait; ``in_doubt``: the request may have been processed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        permanent: bool = False,
+        error: str = "",
+        layout: bool = False,
+        retry_after: float | None = None,
+        in_doubt: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.error = error
+        self.layout = layout
+        self.retry_after = retry_after
+        self.in_doubt = in_doubt
+
+
+class NotationError(DiagnoserError, ValueError):
+    """A series or values string that does not follow the rule tests' series notation."""
+
+
+class LocalPrometheusError(DiagnoserError):
+    """The local Prometheus could not be prepared or started (missing binary, bad data, not ready)."""

@@ -21,11 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from diagnoser.errors import LocalPrometheusError
+
 __all__ = ["LocalPrometheus", "LocalPrometheusError", "free_port"]
-
-
-class LocalPrometheusError(RuntimeError):
-    """The local Prometheus could not be prepared or started (missing binary, bad data, no ready)."""
 
 
 def free_port() -> int:

@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from diagnoser.errors import ExpressionError
+
 __all__ = [
     "ExpressionError",
     "evaluate_expression",
@@ -86,15 +88,6 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.Eq: lambda a, b: a == b,
     ast.NotEq: lambda a, b: a != b,
 }
-
-
-class ExpressionError(ValueError):
-    """An expression is malformed, uses something not allowed, or names a missing value."""
-
-    def __init__(self, message: str, *, missing: bool = False) -> None:
-        super().__init__(message)
-        #: True when the expression is fine but a value it needs was not measured.
-        self.missing = missing
 
 
 def _dotted_name(node: ast.expr) -> str | None:

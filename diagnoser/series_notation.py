@@ -13,11 +13,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from diagnoser.errors import NotationError
+
 __all__ = ["NotationError", "SeriesSpec", "expand_values", "parse_series", "to_openmetrics"]
-
-
-class NotationError(ValueError):
-    """A series or values string that does not follow the notation."""
 
 
 _EXPANDING = re.compile(

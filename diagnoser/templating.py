@@ -19,6 +19,8 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
+from diagnoser.errors import MissingVariable
+
 __all__ = [
     "MISSING_TEXT",
     "MissingVariable",
@@ -29,17 +31,6 @@ __all__ = [
 ]
 
 _PLACEHOLDER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-/]*)\s*\}")
-
-
-class MissingVariable(KeyError):
-    """A ``${...}`` placeholder names a value that is not configured (e.g. an unset signal)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(name)
-
-    def __str__(self) -> str:
-        return f"${{{self.name}}} is not configured"
 
 
 def _lookup(name: str, variables: Mapping[str, Any]) -> Any:

@@ -28,10 +28,10 @@ from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
 from diagnoser.config import Settings
 from diagnoser.engine import diagnose
+from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe import ProbeRun
 from diagnoser.ruleset import RuleSet
-from diagnoser.runner import BuiltSources, build_sources, load_ruleset
 
 __all__ = ["CapacityOptions", "CapacityRun"]
 

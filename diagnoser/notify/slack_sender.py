@@ -35,7 +35,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from diagnoser.config import SlackSettings
-from diagnoser.errors import DiagnoserError
+from diagnoser.errors import SlackSendError
 from diagnoser.notify.slack import SlackMessage
 from diagnoser.redact import redact_url, scrub
 
@@ -97,31 +97,6 @@ _REFUSED_ERRORS = frozenset(
 #: aspect of the operation succeeded").
 _MAYBE_PROCESSED_ERRORS = frozenset({"internal_error", "fatal_error"})
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
-
-
-class SlackSendError(DiagnoserError):
-    """Slack did not take the message (or did not say): what to do next is in the attributes.
-
-    ``error`` is Slack's error code (``channel_not_found``) or ``""``; ``permanent``: resending
-    cannot help; ``layout``: the blocks were refused, the text alone may pass; ``retry_after``:
-    seconds Slack asked to wait; ``in_doubt``: the request may have been processed.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        permanent: bool = False,
-        error: str = "",
-        retry_after: float | None = None,
-        in_doubt: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.error = error
-        self.layout = error in _LAYOUT_ERRORS
-        self.retry_after = retry_after
-        self.in_doubt = in_doubt
 
 
 @dataclass(frozen=True)
@@ -316,6 +291,7 @@ class SlackSender:
                 f"the webhook answered HTTP {status} {body}".rstrip(),
                 permanent=_is_permanent(error) or status in (400, 403, 404, 410),
                 error=error,
+                layout=error in _LAYOUT_ERRORS,
                 retry_after=_retry_after(response.headers) if status == 429 else None,
                 in_doubt=status >= 500,
             )
@@ -336,6 +312,7 @@ def _classified(exc: BaseException) -> SlackSendError:
             f"Slack refused the message: HTTP {status} {error or 'error'}",
             permanent=_is_permanent(error),
             error=error,
+            layout=error in _LAYOUT_ERRORS,
             retry_after=_retry_after(headers) if status == 429 else None,
             in_doubt=status >= 500 or error in _MAYBE_PROCESSED_ERRORS,
         )

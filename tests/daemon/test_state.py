@@ -138,7 +138,7 @@ def test_a_failed_reconcile_leaves_nothing_half_written(store: StateStore, monke
 
 def test_a_silenced_finding_stays_active_and_is_not_resolved(store: StateStore) -> None:
     from diagnoser.config import Silence
-    from diagnoser.silences import apply_silences
+    from diagnoser.engine.silences import apply_silences
 
     store.reconcile(diagnosis(finding()), cooldown_s=60, now=1000)
     silence = Silence(matchers={"pool": "orders-db"}, until=datetime(2099, 1, 1, tzinfo=UTC), comment="known")

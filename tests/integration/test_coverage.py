@@ -7,8 +7,8 @@ import json
 import pytest
 
 from diagnoser.config import Settings
-from diagnoser.coverage import metric_names_in, metric_names_of
-from diagnoser.runner import load_ruleset
+from diagnoser.engine.coverage import metric_names_in, metric_names_of
+from diagnoser.engine.run import load_ruleset
 from tests.conftest import IncidentPrometheus, run_cli
 
 

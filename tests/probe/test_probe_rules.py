@@ -27,9 +27,8 @@ async def _probe(url: str, rate: float = 60, duration_s: float = 0.5) -> ProbeRe
 
 async def _diagnose(result: ProbeResult | None, **slo: float) -> Diagnosis:
     settings = Settings.model_validate({"slo": slo} if slo else {})
-    return await diagnose(
-        PROBE_RULES, settings, Sources(probe=result), probe=result.model_dump(mode="json") if result else None
-    )
+    # The diagnosis carries the probe result it read, as diagnose now and the daemon report it.
+    return await diagnose(PROBE_RULES, settings, Sources(probe=result))
 
 
 def _fired(diagnosis: Diagnosis) -> dict[str, str]:

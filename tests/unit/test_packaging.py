@@ -13,7 +13,10 @@ REPO = Path(__file__).resolve().parent.parent.parent
 def test_wheel_ships_rules_runbooks_and_probes(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path)],
-        cwd=REPO, check=True, capture_output=True, timeout=120,
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     (wheel,) = tmp_path.glob("diagnoser-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -35,8 +38,12 @@ def test_wheel_ships_rules_runbooks_and_probes(tmp_path: Path) -> None:
         "print(d); print(len(r), len(r.problems))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
-        capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     location, counts = result.stdout.split("\n")[:2]
     assert location.startswith(str(site))
@@ -51,3 +58,46 @@ def test_public_surface_is_exported() -> None:
     for name in diagnoser.__all__:
         assert hasattr(diagnoser, name), name
     assert diagnoser.pool_size_for(5000, 0.004, 1.25) == 25
+
+
+def test_importing_the_models_loads_no_client_library() -> None:
+    # The package __init__ is lazy: a tool reading diagnoser's JSON needs the models, not the clients.
+    code = (
+        "import sys, diagnoser.models;"
+        "heavy = {'prometheus_api_client', 'kubernetes', 'elasticsearch', 'httpx', 'aiohttp', 'slack_sdk'};"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_exception_diagnoser_defines_is_in_the_one_tree() -> None:
+    import ast
+
+    def derives_from_a_builtin_exception(node: ast.ClassDef) -> bool:
+        # A private one (``_QueryFailure``) is control flow inside its module, and a subclass of a
+        # client library's exception (``httpx.RemoteProtocolError``) belongs to that library's
+        # protocol: neither leaves its module. Every other one is in the tree.
+        return not node.name.startswith("_") and any(
+            isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception")) for b in node.bases
+        )
+
+    outside = []
+    for path in (REPO / "diagnoser").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ClassDef)
+                and derives_from_a_builtin_exception(node)
+                and path.name != "errors.py"
+            ):
+                outside.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert outside == []
+    from diagnoser import errors
+
+    for name in errors.__all__:
+        value = getattr(errors, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, errors.DiagnoserError), name
+            assert name in (errors.__doc__ or ""), f"{name} is not in the documented tree"

@@ -1,4 +1,4 @@
-"""The engine: evaluate every rule concurrently under one deadline, turn holds into findings, rank.
+"""Evaluate every rule concurrently under one deadline and turn what holds into findings.
 
 Failures are data here. A rule whose source fails yields an error entry (and one
 ``source_unavailable`` finding per failing source), a rule that throws yields an error entry, a
@@ -25,14 +25,21 @@ from pydantic import ValidationError
 
 from diagnoser.checks import CheckContext, CheckResult
 from diagnoser.config import Settings
+from diagnoser.engine.rank import (
+    agrees,
+    collapse_errors,
+    rank_findings,
+    unavailable_findings,
+    without_yielding,
+)
 from diagnoser.errors import SourceNotConfigured
-from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
+from diagnoser.models import Diagnosis, Evidence, Finding, SourceError
 from diagnoser.recommend import ExpressionError, evaluate_expression
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.sources import Sources
 from diagnoser.templating import MissingVariable, format_text
 
-__all__ = ["RuleOutcome", "attach_source_errors", "diagnose", "evaluate_rule", "rank_findings", "subject_of"]
+__all__ = ["MAX_FINDINGS_PER_RULE", "RuleOutcome", "diagnose", "evaluate_rule", "subject_of"]
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +66,13 @@ async def diagnose(
     sources: Sources,
     *,
     at: datetime | None = None,
-    probe: Mapping[str, Any] | None = None,
+    errors: Sequence[SourceError] = (),
     record: list[RuleOutcome] | None = None,
 ) -> Diagnosis:
     """Evaluate ``rules`` against ``sources`` as of ``at`` (default: now) and rank the findings.
 
+    ``errors`` are source failures met before evaluation (a source that could not be built, a
+    probe that could not run): they are reported with the rules' own, the same way.
     ``record``, when given, receives every rule's :class:`RuleOutcome` (for coverage).
     """
     at = at or datetime.now(UTC)
@@ -98,14 +107,14 @@ async def diagnose(
                 outcomes.append(task.result())
     if record is not None:
         record.extend(outcomes)
-    findings = _without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
-    errors = _collapse_errors([e for outcome in outcomes for e in outcome.errors])
-    findings.extend(_unavailable_findings(errors, settings))
+    findings = without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
+    reported = collapse_errors([*errors, *(e for outcome in outcomes for e in outcome.errors)])
+    findings.extend(unavailable_findings(reported, settings))
     return Diagnosis(
         evaluated_at=at,
         findings=rank_findings(findings),
-        errors=errors,
-        probe=dict(probe) if probe is not None else None,
+        errors=reported,
+        probe=sources.probe.model_dump(mode="json") if sources.probe is not None else None,
     )
 
 
@@ -182,26 +191,6 @@ async def _evaluate(
         emitted += 1
 
 
-def _without_yielding(findings: list[Finding], rules: Sequence[Rule]) -> list[Finding]:
-    """Drop a finding whose rule yields to another rule that found the same thing (same labels)."""
-    yields = {rule.id: set(rule.yields_to) for rule in rules if rule.yields_to}
-    if not yields:
-        return findings
-    kept = []
-    for finding in findings:
-        stronger = yields.get(finding.rule_id, set())
-        if any(
-            other.rule_id in stronger and _agrees(_identity(finding), _identity(other)) for other in findings
-        ):
-            continue
-        kept.append(finding)
-    return kept
-
-
-def _identity(finding: Finding) -> dict[str, str]:
-    return {k: v for k, v in finding.labels.items() if k not in ("job",)}
-
-
 def subject_of(labels: Mapping[str, str]) -> str:
     """How a report names what a finding is about: ``namespace/service``, or what the labels allow.
 
@@ -237,14 +226,10 @@ def _candidates(rule: Rule, rows: list[Evidence]) -> list[tuple[dict[str, str], 
     ]
 
 
-def _agrees(labels: Mapping[str, str], other: Mapping[str, str]) -> bool:
-    return all(other[k] == v for k, v in labels.items() if k in other)
-
-
 def _match_conditions(
     labels: Mapping[str, str], rows_by_condition: Sequence[list[Evidence]]
 ) -> list[list[Evidence]]:
-    return [[row for row in rows if _agrees(labels, row.labels)] for rows in rows_by_condition]
+    return [[row for row in rows if agrees(labels, row.labels)] for rows in rows_by_condition]
 
 
 def _finding(
@@ -255,6 +240,39 @@ def _finding(
     primary_rows: list[Evidence],
     others: list[tuple[Condition, list[Evidence]]],
 ) -> Finding:
+    values = _template_values(rule, settings, params, labels, primary_rows, others)
+    problems = _compute(rule, values)
+    shown = MAX_EVIDENCE_PER_CONDITION
+    evidence = [_named(row, rule.when[0].name or "value") for row in primary_rows[:shown]] + [
+        _named(row, condition.label) for condition, rows in others for row in rows[:shown]
+    ]
+    recommendation = format_text(rule.recommendation, values)
+    if problems:
+        recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(problems) + ")"
+    return Finding(
+        rule_id=rule.id,
+        cause=rule.cause,
+        kind=rule.kind,
+        severity=rule.severity,
+        title=format_text(rule.title, values),
+        summary=format_text(rule.summary, values),
+        evidence=evidence,
+        recommendation=recommendation,
+        runbook_url=rule.runbook_url(settings.runbook_base_url),
+        labels={**settings.context_labels, **rule.labels, **labels},
+        explains=list(rule.explains),
+    )
+
+
+def _template_values(
+    rule: Rule,
+    settings: Settings,
+    params: Mapping[str, Any],
+    labels: dict[str, str],
+    primary_rows: list[Evidence],
+    others: list[tuple[Condition, list[Evidence]]],
+) -> dict[str, Any]:
+    """What a finding's templates and ``compute`` expressions can name."""
     primary = max(primary_rows, key=lambda r: r.value if r.value is not None else float("-inf"))
     values: dict[str, Any] = {f"params.{k}": v for k, v in params.items()}
     values.update(
@@ -284,6 +302,11 @@ def _finding(
         notes.extend(r.caveat for r in rows[:1] if r.caveat and r.caveat not in notes)
     if notes:
         values["caveats"] = " Note: " + "; ".join(notes) + "."
+    return values
+
+
+def _compute(rule: Rule, values: dict[str, Any]) -> list[str]:
+    """Evaluate the rule's ``compute`` expressions into ``values``; what could not be computed."""
     problems: list[str] = []
     for name, expression in rule.compute.items():
         try:
@@ -292,117 +315,10 @@ def _finding(
             values[name] = None
             if not exc.missing:  # a value the library does not export is not a problem to report
                 problems.append(f"{name} not computed: {exc}")
-    shown = MAX_EVIDENCE_PER_CONDITION
-    evidence = [_named(row, rule.when[0].name or "value") for row in primary_rows[:shown]] + [
-        _named(row, condition.label) for condition, rows in others for row in rows[:shown]
-    ]
-    recommendation = format_text(rule.recommendation, values)
-    if problems:
-        recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(problems) + ")"
-    return Finding(
-        rule_id=rule.id,
-        cause=rule.cause,
-        kind=rule.kind,
-        severity=rule.severity,
-        title=format_text(rule.title, values),
-        summary=format_text(rule.summary, values),
-        evidence=evidence,
-        recommendation=recommendation,
-        runbook_url=rule.runbook_url(settings.runbook_base_url),
-        labels={**settings.context_labels, **rule.labels, **labels},
-        explains=list(rule.explains),
-    )
+    return problems
 
 
 def _named(row: Evidence, name: str) -> Evidence:
     return row if row.name else row.model_copy(update={"name": name})
 
 
-def _collapse_errors(errors: list[SourceError]) -> list[SourceError]:
-    """One entry per (source, message), saying how many rules it affected."""
-    counts: dict[tuple[str, str], list[str]] = {}
-    for error in errors:
-        counts.setdefault((error.source, error.message), []).append(error.rule_id or "")
-    collapsed = []
-    for (source, message), rule_ids in counts.items():
-        affected = len({r for r in rule_ids if r})
-        suffix = f" ({affected} rules affected)" if affected > 1 else ""
-        collapsed.append(SourceError(source=source, message=message + suffix))
-    return collapsed
-
-
-def _unavailable_findings(errors: list[SourceError], settings: Settings) -> list[Finding]:
-    by_source: dict[str, list[SourceError]] = {}
-    for error in errors:
-        if error.source != "engine":
-            by_source.setdefault(error.source, []).append(error)
-    findings = []
-    for source, source_errors in sorted(by_source.items()):
-        first = source_errors[0].message
-        more = f" (+{len(source_errors) - 1} more errors)" if len(source_errors) > 1 else ""
-        findings.append(
-            Finding(
-                rule_id=f"sources/{source}-unavailable",
-                cause="source_unavailable",
-                kind="cause",
-                severity=Severity.warning,
-                title=f"{source} could not be read",
-                summary=f"{first}{more}",
-                evidence=[Evidence(source=source, query="", detail=e.message) for e in source_errors[:5]],
-                recommendation=(
-                    f"Rules that need {source} were not evaluated: the diagnosis is incomplete. "
-                    f"Check that {source} is reachable from diagnoser and that its credentials are valid."
-                ),
-                runbook_url=f"{settings.runbook_base_url}sources/source-unavailable.md",
-                labels={**settings.context_labels, "source": source},
-            )
-        )
-    return findings
-
-
-def attach_source_errors(diagnosis: Diagnosis, errors: list[SourceError], settings: Settings) -> Diagnosis:
-    """Add errors met outside rule evaluation (a source that could not be built) to ``diagnosis``."""
-    new_errors = [e for e in errors if e not in diagnosis.errors]
-    known_sources = {f.labels.get("source") for f in diagnosis.findings if f.cause == "source_unavailable"}
-    findings = list(diagnosis.findings)
-    findings.extend(
-        f for f in _unavailable_findings(new_errors, settings) if f.labels.get("source") not in known_sources
-    )
-    return diagnosis.model_copy(
-        update={"errors": [*diagnosis.errors, *new_errors], "findings": rank_findings(findings)}
-    )
-
-
-def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
-    """Most important first: causes that explain an active symptom, symptoms, other causes; info last.
-
-    Among causes that explain a symptom, one on the same service (namespace and job) as an
-    active symptom comes before one elsewhere; then by severity, then by rule id for stability.
-    """
-    findings = list(findings)
-    symptoms = [f for f in findings if f.kind == "symptom" and f.is_actionable]
-    active = {f.cause for f in symptoms}
-    services = {_service(f) for f in symptoms} - {("", "")}
-
-    def key(finding: Finding) -> tuple[bool, int, int, int, str]:
-        if finding.kind == "cause" and active.intersection(finding.explains):
-            group = 0
-        elif finding.kind == "symptom":
-            group = 1
-        else:
-            group = 2
-        same_service = 0 if _service(finding) in services else 1
-        return (
-            finding.severity == Severity.info,
-            group,
-            same_service,
-            -finding.severity.rank,
-            finding.rule_id,
-        )
-
-    return sorted(findings, key=key)
-
-
-def _service(finding: Finding) -> tuple[str, str]:
-    labels = finding.labels
-    return labels.get("namespace", ""), labels.get("service") or labels.get("job", "")

@@ -2,36 +2,38 @@
 
 The CLI's ``diagnose now`` and the daemon's diagnose job both go through :func:`run_diagnosis`,
 so they cannot drift apart. A source that cannot even be built (a kubeconfig that does not
-parse, a malformed URL) becomes an error entry like any other source failure.
+parse, a malformed URL) or a probe that cannot run is handed to the evaluation with the
+sources, and reported there like any other source failure: one route for every error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 from diagnoser.config import Settings
-from diagnoser.coverage import LOOKBACK_S, SOURCES, build_coverage, no_data_finding, summary_line
-from diagnoser.engine import RuleOutcome, attach_source_errors, diagnose, rank_findings
+from diagnoser.engine.coverage import LOOKBACK_S, build_coverage, no_data_finding, summary_line
+from diagnoser.engine.evaluate import RuleOutcome, diagnose
+from diagnoser.engine.rank import rank_findings
+from diagnoser.engine.silences import apply_silences
 from diagnoser.models import Diagnosis, SourceError
+from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet, load_rules
 from diagnoser.signals.catalogue import use_signal_files
-from diagnoser.silences import apply_silences
-from diagnoser.sources import Sources
+from diagnoser.sources import SourceName, Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis", "with_coverage"]
 
 log = logging.getLogger(__name__)
 
-#: Runs the probe for this diagnosis and returns its result (a ProbeResult); set by the caller.
-ProbeRunner = Callable[[], Awaitable[Any]]
+#: Runs the probe for this diagnosis and returns its result; set by the caller.
+ProbeRunner = Callable[[], Awaitable[ProbeResult]]
 
 
 @dataclass
@@ -40,18 +42,21 @@ class BuiltSources:
     errors: list[SourceError] = field(default_factory=list)
 
     async def aclose(self) -> None:
-        """Close every source; some close synchronously, the Elasticsearch client asynchronously."""
-        for source in (self.sources.prometheus, self.sources.elasticsearch, self.sources.kubernetes):
-            # Prefer the asynchronous close: it lets an HTTP client end its connections politely.
-            close = getattr(source, "aclose", None) or getattr(source, "close", None)
-            if close is None:
-                continue
-            try:
-                result = close()
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:  # closing is best effort
-                log.debug("closing %r failed", source, exc_info=True)
+        """Close every source (best effort): HTTP clients end their connections politely."""
+        prometheus, elasticsearch, kubernetes = (
+            self.sources.prometheus,
+            self.sources.elasticsearch,
+            self.sources.kubernetes,
+        )
+        try:
+            if prometheus is not None:
+                await prometheus.aclose()
+            if elasticsearch is not None:
+                await elasticsearch.close()
+            if kubernetes is not None:
+                kubernetes.close()
+        except Exception:  # closing is best effort
+            log.debug("closing the sources failed", exc_info=True)
 
 
 def load_ruleset(settings: Settings) -> RuleSet:
@@ -99,11 +104,8 @@ def with_coverage(
     kept, silenced = apply_silences(diagnosis.findings, settings.silences, now)
     still_reported = {finding.rule_id for finding in kept}
     fully_silenced = {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
-    configured = [
-        name
-        for name in SOURCES
-        if getattr(sources, name, None) is not None or any(e.source == name for e in diagnosis.errors)
-    ]
+    failed = {error.source for error in diagnosis.errors}
+    configured = [name for name in get_args(SourceName) if sources.get(name) is not None or name in failed]
     coverage = build_coverage(
         rules,
         outcomes,
@@ -112,7 +114,7 @@ def with_coverage(
         present_metrics=present_metrics,
         silenced=fully_silenced,
         source_errors=diagnosis.errors,
-        probe_finished=getattr(sources.probe, "finished", None),
+        probe_finished=sources.probe.finished if sources.probe is not None else None,
     )
     empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
     if empty is not None:
@@ -151,13 +153,9 @@ async def run_diagnosis(
     owned = sources is None
     built = sources or build_sources(settings)
     try:
-        probe_result: Any = None
-        if probe is not None:
-            try:
-                probe_result = await probe()
-            except Exception as exc:  # a probe that cannot run is reported, the rest goes on
-                built.errors.append(SourceError(source="probe", message=f"probe did not run: {exc}"))
-        built.sources.probe = probe_result
+        # Kept sources (the daemon's) keep their build errors; this run's probe failure is its own.
+        errors = list(built.errors)
+        built.sources.probe = await _probe(probe, errors)
         instant = at or datetime.now(UTC)
         # Which metrics exist at the instant: asked alongside the rules, within their deadline.
         names = (
@@ -167,11 +165,9 @@ async def run_diagnosis(
         )
         outcomes: list[RuleOutcome] = []
         started = time.monotonic()
-        diagnosis = await diagnose(rules, settings, built.sources, at=instant, record=outcomes)
-        if probe_result is not None and hasattr(probe_result, "model_dump"):
-            diagnosis.probe = probe_result.model_dump(mode="json")
-        if built.errors:
-            diagnosis = attach_source_errors(diagnosis, built.errors, settings)
+        diagnosis = await diagnose(
+            rules, settings, built.sources, at=instant, errors=errors, record=outcomes
+        )
         present: set[str] | SourceError | None = None
         if names is not None:
             # Rules done early: the names may still come within what is left of the deadline.
@@ -186,3 +182,14 @@ async def run_diagnosis(
     finally:
         if owned:
             await built.aclose()
+
+
+async def _probe(probe: ProbeRunner | None, errors: list[SourceError]) -> ProbeResult | None:
+    """The probe's result; a probe that cannot run is an error entry, and the rest goes on."""
+    if probe is None:
+        return None
+    try:
+        return await probe()
+    except Exception as exc:
+        errors.append(SourceError(source="probe", message=f"probe did not run: {exc}"))
+        return None

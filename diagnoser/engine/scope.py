@@ -102,7 +102,7 @@ class ReportScope:
             return diagnosis
         coverage = diagnosis.coverage
         if coverage is not None:
-            from diagnoser.coverage import summary_line
+            from diagnoser.engine.coverage import summary_line
 
             coverage = coverage.model_copy(update={"filtered_out": coverage.filtered_out + left_out})
             coverage.summary = summary_line(coverage)

@@ -1,0 +1,118 @@
+"""Rank findings, and turn source failures into findings, so a diagnosis reads most important first.
+
+A source that could not be read becomes one ``source_unavailable`` finding (its errors
+collapsed to one entry per message, counting the rules affected); a finding whose rule
+``yields_to`` another rule that found the same thing is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from diagnoser.config import Settings
+from diagnoser.models import Evidence, Finding, Severity, SourceError
+from diagnoser.ruleset import Rule
+
+__all__ = ["agrees", "collapse_errors", "rank_findings", "unavailable_findings", "without_yielding"]
+
+
+def agrees(labels: Mapping[str, str], other: Mapping[str, str]) -> bool:
+    """Whether two label sets agree on every label they share."""
+    return all(other[k] == v for k, v in labels.items() if k in other)
+
+
+def without_yielding(findings: list[Finding], rules: Sequence[Rule]) -> list[Finding]:
+    """Drop a finding whose rule yields to another rule that found the same thing (same labels)."""
+    yields = {rule.id: set(rule.yields_to) for rule in rules if rule.yields_to}
+    if not yields:
+        return findings
+    kept = []
+    for finding in findings:
+        stronger = yields.get(finding.rule_id, set())
+        if any(
+            other.rule_id in stronger and agrees(_identity(finding), _identity(other)) for other in findings
+        ):
+            continue
+        kept.append(finding)
+    return kept
+
+
+def _identity(finding: Finding) -> dict[str, str]:
+    return {k: v for k, v in finding.labels.items() if k not in ("job",)}
+
+
+def collapse_errors(errors: list[SourceError]) -> list[SourceError]:
+    """One entry per (source, message), saying how many rules it affected."""
+    counts: dict[tuple[str, str], list[str]] = {}
+    for error in errors:
+        counts.setdefault((error.source, error.message), []).append(error.rule_id or "")
+    collapsed = []
+    for (source, message), rule_ids in counts.items():
+        affected = len({r for r in rule_ids if r})
+        suffix = f" ({affected} rules affected)" if affected > 1 else ""
+        collapsed.append(SourceError(source=source, message=message + suffix))
+    return collapsed
+
+
+def unavailable_findings(errors: list[SourceError], settings: Settings) -> list[Finding]:
+    by_source: dict[str, list[SourceError]] = {}
+    for error in errors:
+        if error.source != "engine":
+            by_source.setdefault(error.source, []).append(error)
+    findings = []
+    for source, source_errors in sorted(by_source.items()):
+        first = source_errors[0].message
+        more = f" (+{len(source_errors) - 1} more errors)" if len(source_errors) > 1 else ""
+        findings.append(
+            Finding(
+                rule_id=f"sources/{source}-unavailable",
+                cause="source_unavailable",
+                kind="cause",
+                severity=Severity.warning,
+                title=f"{source} could not be read",
+                summary=f"{first}{more}",
+                evidence=[Evidence(source=source, query="", detail=e.message) for e in source_errors[:5]],
+                recommendation=(
+                    f"Rules that need {source} were not evaluated: the diagnosis is incomplete. "
+                    f"Check that {source} is reachable from diagnoser and that its credentials are valid."
+                ),
+                runbook_url=f"{settings.runbook_base_url}sources/source-unavailable.md",
+                labels={**settings.context_labels, "source": source},
+            )
+        )
+    return findings
+
+
+def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Most important first: causes that explain an active symptom, symptoms, other causes; info last.
+
+    Among causes that explain a symptom, one on the same service (namespace and job) as an
+    active symptom comes before one elsewhere; then by severity, then by rule id for stability.
+    """
+    findings = list(findings)
+    symptoms = [f for f in findings if f.kind == "symptom" and f.is_actionable]
+    active = {f.cause for f in symptoms}
+    services = {_service(f) for f in symptoms} - {("", "")}
+
+    def key(finding: Finding) -> tuple[bool, int, int, int, str]:
+        if finding.kind == "cause" and active.intersection(finding.explains):
+            group = 0
+        elif finding.kind == "symptom":
+            group = 1
+        else:
+            group = 2
+        same_service = 0 if _service(finding) in services else 1
+        return (
+            finding.severity == Severity.info,
+            group,
+            same_service,
+            -finding.severity.rank,
+            finding.rule_id,
+        )
+
+    return sorted(findings, key=key)
+
+
+def _service(finding: Finding) -> tuple[str, str]:
+    labels = finding.labels
+    return labels.get("namespace", ""), labels.get("service") or labels.get("job", "")
