@@ -25,11 +25,11 @@ from pathlib import Path
 from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, trend_query
 from diagnoser.config import load_settings
 from diagnoser.engine import diagnose
-from diagnoser.local_prometheus import LocalPrometheus
 from diagnoser.ruleset import load_rules, resolve_condition
+from diagnoser.ruleset.templating import MissingVariable
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
-from diagnoser.templating import MissingVariable
+from diagnoser.testing.prometheus import LocalPrometheus
 
 START = 1_795_802_400
 INTERVAL = 30

@@ -55,7 +55,7 @@ from demo.plot import write_before_after  # noqa: E402
 from demo.slack_sink import SlackSink  # noqa: E402
 from diagnoser.capacity.render import render_capacity_table  # noqa: E402
 from diagnoser.capacity.report import CapacityReport  # noqa: E402
-from diagnoser.local_prometheus import LocalPrometheus, free_port  # noqa: E402
+from diagnoser.testing.prometheus import LocalPrometheus, free_port  # noqa: E402
 from examples.feature_service.testbed import FeatureTestBed, RedisServer, wait_port  # noqa: E402
 from tests.fixtures.slack_server import PostedMessage  # noqa: E402
 
@@ -456,7 +456,7 @@ class Lab:
 
 def replay() -> int:
     """The bundled, backfilled incident (no live system): the old demo, kept for a quick look."""
-    from diagnoser.demo import main as replay_main
+    from diagnoser.testing.demo import main as replay_main
 
     code = replay_main([])
     return 0 if code in (0, 1) else code

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from diagnoser.engine import diagnose, run_diagnosis
     from diagnoser.errors import ConfigError, DiagnoserError, ProbeSafetyError, SourceNotConfigured
     from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
-    from diagnoser.recommend import pool_size_for
     from diagnoser.ruleset import Rule, RuleSet, load_rules
+    from diagnoser.ruleset.expressions import pool_size_for
     from diagnoser.sources import Sources
     from diagnoser.sources.prometheus import PrometheusSource
 
@@ -52,7 +52,7 @@ _HOMES = {
     "load_rules": "diagnoser.ruleset",
     "Sources": "diagnoser.sources",
     "PrometheusSource": "diagnoser.sources.prometheus",
-    "pool_size_for": "diagnoser.recommend",
+    "pool_size_for": "diagnoser.ruleset.expressions",
 }
 
 __all__ = [

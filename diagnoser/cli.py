@@ -376,7 +376,7 @@ def rules_lint(
     rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
 ) -> None:
     """Validate every rule file; with a Prometheus, also run each query to check it parses and evaluates."""
-    from diagnoser.lint import lint_queries, lint_static
+    from diagnoser.ruleset.lint import lint_queries, lint_static
 
     overrides: dict[str, Any] = {"prometheus": {"url": prometheus_url}} if prometheus_url else {}
     settings = _settings(config, overrides)
@@ -403,8 +403,8 @@ def rules_test(
     config: ConfigOption = None,
 ) -> None:
     """Run rule unit tests on a real, backfilled local Prometheus (needs the prometheus package)."""
-    from diagnoser.local_prometheus import LocalPrometheusError
-    from diagnoser.rulestest import run_rule_tests
+    from diagnoser.testing.prometheus import LocalPrometheusError
+    from diagnoser.testing.rules import run_rule_tests
 
     settings = _settings(config, {})
     try:

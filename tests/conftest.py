@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.local_prometheus import LocalPrometheus
-from diagnoser.rulestest import backfill_text, parse_duration
+from diagnoser.testing.prometheus import LocalPrometheus
+from diagnoser.testing.rules import backfill_text, parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 INCIDENT = REPO / "examples" / "checkout-incident.yaml"

@@ -36,8 +36,8 @@ from diagnoser.models import (
     SourceError,
 )
 from diagnoser.ruleset import Rule, resolve_condition
+from diagnoser.ruleset.templating import MissingVariable
 from diagnoser.sources.prometheus import rewrite_metric_names
-from diagnoser.templating import MissingVariable
 
 __all__ = [
     "LOOKBACK_S",

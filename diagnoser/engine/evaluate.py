@@ -34,10 +34,10 @@ from diagnoser.engine.rank import (
 )
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Diagnosis, Evidence, Finding, SourceError
-from diagnoser.recommend import ExpressionError, evaluate_expression
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
+from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
+from diagnoser.ruleset.templating import MissingVariable, format_text
 from diagnoser.sources import Sources
-from diagnoser.templating import MissingVariable, format_text
 
 __all__ = ["MAX_FINDINGS_PER_RULE", "RuleOutcome", "diagnose", "evaluate_rule", "subject_of"]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from diagnoser.local_prometheus import LocalPrometheus, free_port
+from diagnoser.testing.prometheus import LocalPrometheus, free_port
 
 __all__ = ["FeatureTestBed", "RedisServer"]
 

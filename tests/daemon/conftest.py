@@ -28,7 +28,7 @@ if str(_ROOT) not in sys.path:
 from prometheus_client import CollectorRegistry, Gauge, start_http_server  # noqa: E402
 
 from diagnoser.config import Settings, load_settings  # noqa: E402
-from diagnoser.local_prometheus import LocalPrometheus, free_port  # noqa: E402
+from diagnoser.testing.prometheus import LocalPrometheus, free_port  # noqa: E402
 from tests.fixtures.slack_server import SlackFixtureServer  # noqa: E402
 
 RULE = """\

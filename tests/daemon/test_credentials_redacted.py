@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.local_prometheus import free_port
 from diagnoser.redact import redact_url, scrub_text
+from diagnoser.testing.prometheus import free_port
 from tests.daemon.test_serve_process import _start, _wait
 from tests.fixtures.slack_server import SlackFixtureServer
 

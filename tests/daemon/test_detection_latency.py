@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.local_prometheus import LocalPrometheus, free_port
+from diagnoser.testing.prometheus import LocalPrometheus, free_port
 from tests.fixtures.pool_services.launch import clients, pool_service
 from tests.fixtures.slack_server import SlackFixtureServer
 

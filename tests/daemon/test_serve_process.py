@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from diagnoser.local_prometheus import free_port
 from diagnoser.state import NotificationKind, StateStore
+from diagnoser.testing.prometheus import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, write_rule
 from tests.fixtures.slack_server import SlackFixtureServer
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.local_prometheus import LocalPrometheus, free_port
 from diagnoser.ruleset import load_rules
+from diagnoser.testing.prometheus import LocalPrometheus, free_port
 from tests.deploy.rendering import REPO
 
 pytestmark = [pytest.mark.image, pytest.mark.integration]

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from diagnoser.local_prometheus import LocalPrometheus
+from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli
 from tests.fixtures.pool_services.launch import clients, pool_service, redis_server
 

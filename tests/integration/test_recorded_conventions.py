@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from diagnoser.local_prometheus import LocalPrometheus
+from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli
 from tests.fixtures.expositions.timeline import incident_openmetrics
 

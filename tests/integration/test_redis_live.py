@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.local_prometheus import LocalPrometheus, free_port
+from diagnoser.testing.prometheus import LocalPrometheus, free_port
 from tests.conftest import run_cli
 from tests.fixtures.pool_services.launch import wait_tcp
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diagnoser.local_prometheus import LocalPrometheus
-from diagnoser.rulestest import backfill_text, load_test_file, parse_duration
+from diagnoser.testing.prometheus import LocalPrometheus
+from diagnoser.testing.rules import backfill_text, load_test_file, parse_duration
 from tests.conftest import run_cli
 
 POOLS = Path(__file__).resolve().parents[1] / "rules" / "scenarios" / "pools.yaml"

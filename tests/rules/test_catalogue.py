@@ -9,7 +9,7 @@ import pytest
 
 from diagnoser.models import CAUSES, SYMPTOMS
 from diagnoser.ruleset import builtin_rules_dir, load_rules
-from diagnoser.rulestest import load_test_file
+from diagnoser.testing.rules import load_test_file
 
 RULES = load_rules([], include_builtin=True)
 SECTIONS = ["Meaning", "Impact", "Diagnosis", "Mitigation", "Verify"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.rulestest import CaseResult, load_test_file, run_rule_tests
+from diagnoser.testing.rules import CaseResult, load_test_file, run_rule_tests
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"

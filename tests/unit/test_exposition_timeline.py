@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnoser.local_prometheus import LocalPrometheus
+from diagnoser.testing.prometheus import LocalPrometheus
 from tests.fixtures.expositions.timeline import incident_openmetrics, load_snapshot
 
 EXPOSITIONS = Path(__file__).resolve().parent.parent / "fixtures" / "expositions"

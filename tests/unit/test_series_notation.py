@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from diagnoser.series_notation import NotationError, expand_values, parse_series, to_openmetrics
+from diagnoser.testing.series import NotationError, expand_values, parse_series, to_openmetrics
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from diagnoser.recommend import ExpressionError, evaluate_expression, pool_size_for, shard_count_for
-from diagnoser.templating import MissingVariable, format_text, resolve_placeholders, variables_for
+from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression, pool_size_for, shard_count_for
+from diagnoser.ruleset.templating import MissingVariable, format_text, resolve_placeholders, variables_for
 
 
 @pytest.mark.parametrize(

@@ -41,13 +41,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from diagnoser.config import Settings, load_settings
 from diagnoser.engine import diagnose
 from diagnoser.errors import ConfigError
-from diagnoser.local_prometheus import LocalPrometheus
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.ruleset import Rule, RuleSet, load_rules
-from diagnoser.series_notation import NotationError, SeriesSpec, expand_values, parse_series, to_openmetrics
 from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
+from diagnoser.testing.prometheus import LocalPrometheus
+from diagnoser.testing.series import NotationError, SeriesSpec, expand_values, parse_series, to_openmetrics
 
 __all__ = ["CaseResult", "RuleTestFile", "backfill_text", "load_test_file", "run_rule_tests"]
 

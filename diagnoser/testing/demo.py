@@ -1,4 +1,4 @@
-"""``python -m diagnoser.demo``: the main job on a laptop, no cluster needed.
+"""``python -m diagnoser.testing.demo``: the main job on a laptop, no cluster needed.
 
 Loads a bundled incident (``examples/checkout-incident.yaml``) into a real, local Prometheus
 and runs ``diagnose now`` against it as of the incident, exactly as an on-call engineer would
@@ -13,10 +13,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from diagnoser.local_prometheus import LocalPrometheus
-from diagnoser.rulestest import backfill_text, parse_duration
+from diagnoser.testing.prometheus import LocalPrometheus
+from diagnoser.testing.rules import backfill_text, parse_duration
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "checkout-incident.yaml"
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "checkout-incident.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from diagnoser.config import Settings
 from diagnoser.models import SourceError
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
+from diagnoser.ruleset.templating import MissingVariable, optional_clauses
 from diagnoser.signals import load_catalogue
 from diagnoser.sources.prometheus import PrometheusSource
-from diagnoser.templating import MissingVariable, optional_clauses
 
 __all__ = ["lint_queries", "lint_static"]
 

@@ -1,0 +1,162 @@
+"""What a loaded rule is: the rule file's schema, its conditions, and the set of rules loaded.
+
+A rule file is validated against :class:`RuleFile` as written; each condition then names a
+registered check kind (:mod:`diagnoser.checks`) whose parameter model validates it. A loaded
+:class:`Rule` knows the sources it reads (from its kinds) and resolves its ``${...}`` values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from diagnoser.checks import CheckKind
+from diagnoser.errors import RuleProblem
+from diagnoser.models import SYMPTOMS, Severity
+from diagnoser.ruleset.expressions import ExpressionError, parse_expression
+from diagnoser.ruleset.templating import resolve_placeholders, variables_for
+
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
+
+__all__ = ["NAME_PATTERN", "Condition", "Rule", "RuleFile", "RuleSet", "resolve_condition"]
+
+#: What a condition's ``name`` and a compute value may be called.
+NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class RuleFile(BaseModel):
+    """The YAML document as written; conditions are checked against the check-kind registry after."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cause: str
+    kind: Literal["cause", "symptom"] = "cause"
+    severity: Severity
+    title: str = Field(min_length=1)
+    summary: str = Field(min_length=1)
+    description: str = ""
+    explains: list[str] = Field(default_factory=list)
+    params: dict[str, Any] = Field(default_factory=dict)
+    when: list[dict[str, Any]] = Field(min_length=1)
+    evidence: list[dict[str, Any]] = Field(default_factory=list)
+    compute: dict[str, str] = Field(default_factory=dict)
+    recommendation: str = ""
+    #: Labels that identify one finding; ``None`` means every row of the first condition is one.
+    group_by: list[str] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: Rules whose finding for the same labels makes this one redundant (a generic rule yields to
+    #: the specific one that measured what this one infers).
+    yields_to: list[str] = Field(default_factory=list)
+
+    @field_validator("explains")
+    @classmethod
+    def _known_symptoms(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - SYMPTOMS)
+        if unknown:
+            raise ValueError(f"unknown symptom(s) {unknown}; known: {sorted(SYMPTOMS)}")
+        return value
+
+    @field_validator("compute")
+    @classmethod
+    def _valid_expressions(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, expression in value.items():
+            if not NAME_PATTERN.match(name):
+                raise ValueError(f"{name!r} is not a valid name (lower_snake_case)")
+            try:
+                parse_expression(expression)
+            except ExpressionError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        return value
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition of a rule: a check kind and its (unresolved) parameters."""
+
+    kind: CheckKind
+    raw_params: Mapping[str, Any]
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind.name
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A validated rule, ready for the engine."""
+
+    id: str
+    path: Path
+    cause: str
+    kind: Literal["cause", "symptom"]
+    severity: Severity
+    title: str
+    summary: str
+    description: str
+    explains: tuple[str, ...]
+    params: Mapping[str, Any]
+    when: tuple[Condition, ...]
+    evidence: tuple[Condition, ...]
+    compute: Mapping[str, str]
+    recommendation: str
+    group_by: tuple[str, ...] | None
+    labels: Mapping[str, str]
+    runbook_path: Path | None
+    yields_to: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        return self.id.split("/", 1)[0] if "/" in self.id else ""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        seen = dict.fromkeys(name for c in (*self.when, *self.evidence) for name in c.kind.sources)
+        return tuple(seen)
+
+    def runbook_url(self, base_url: str) -> str:
+        return f"{base_url}{self.id}.md"
+
+    def params_for(self, settings: Settings) -> dict[str, Any]:
+        """The rule's parameters: its defaults, overridden by ``rule_params.<id>`` in config."""
+        return {**self.params, **settings.rule_params.get(self.id, {})}
+
+    def variables(self, settings: Settings, *, signals: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The ``${...}`` namespace this rule's conditions are resolved in."""
+        return variables_for(
+            slo_p99_ms=settings.slo.p99_ms,
+            slo_error_ratio=settings.slo.error_ratio,
+            signals=settings.signals if signals is None else signals,
+            params=self.params_for(settings),
+            window=settings.window,
+            confirm_window=settings.effective_confirm_window,
+        )
+
+
+@dataclass
+class RuleSet:
+    """Loaded rules by id, and every problem met while loading."""
+
+    rules: dict[str, Rule] = field(default_factory=dict)
+    problems: list[RuleProblem] = field(default_factory=list)
+
+    def __iter__(self) -> Any:
+        return iter(self.rules.values())
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+
+def resolve_condition(
+    kind: CheckKind, raw_params: Mapping[str, Any], variables: Mapping[str, Any]
+) -> BaseModel:
+    """Resolve ``${...}`` placeholders and validate against the kind's parameter model."""
+    return kind.params.model_validate(resolve_placeholders(dict(raw_params), variables))
+
+
