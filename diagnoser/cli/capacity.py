@@ -33,8 +33,9 @@ from diagnoser.capacity.render import render_capacity_markdown, render_capacity_
 from diagnoser.capacity.report import CapacityReport, CapacityStep
 from diagnoser.capacity.runner import CapacityOptions, CapacityRun
 from diagnoser.capacity.step import StepPlan
+from diagnoser.cli.app import app, fail
 from diagnoser.config import Settings, load_settings
-from diagnoser.errors import DiagnoserError
+from diagnoser.errors import DiagnoserError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
 
 __all__ = ["CapacityOutput", "capacity_command"]
@@ -44,12 +45,6 @@ class CapacityOutput(StrEnum):
     table = "table"
     json = "json"
     markdown = "markdown"
-
-
-def _fail(console: Console, message: str) -> typer.Exit:
-    console.print("[red]error:[/red] ", end="")
-    console.print(message, markup=False, highlight=False, soft_wrap=True)
-    return typer.Exit(2)
 
 
 def _parse_steps(text: str | None) -> list[float] | None:
@@ -191,6 +186,7 @@ Scout = Annotated[
 PostToSlack = Annotated[bool, typer.Option("--slack", help="Post the report to the configured Slack once.")]
 
 
+@app.command("capacity")
 def capacity_command(
     target: Target,
     slo_p99_ms: SloP99,
@@ -229,7 +225,7 @@ def capacity_command(
             check_plot_path(plot)
         sender = _slack_sender(settings) if slack else None
     except DiagnoserError as exc:
-        raise _fail(err, str(exc)) from exc
+        raise fail(str(exc), console=err) from exc
     on_progress, on_step = _progress_printers(err) if err.is_terminal else (None, None)
     run = CapacityRun(plan, settings, options, on_progress=on_progress, on_step=on_step)
     report = _run(_execute(run))
@@ -263,7 +259,6 @@ def _slack_sender(settings: Settings) -> Any:
 
 def _post_to_slack(sender: Any, report: CapacityReport, err: Console) -> None:
     from diagnoser.notify.slack import render_capacity_report
-    from diagnoser.notify.slack_sender import SlackSendError
 
     try:
         asyncio.run(sender.post(render_capacity_report(report)))

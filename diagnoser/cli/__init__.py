@@ -1,0 +1,40 @@
+"""The ``diagnose`` command line: one module per command, all registered on one Typer app.
+
+    diagnose now --prometheus-url http://prometheus:9090            # what is wrong right now
+    diagnose now --at 2026-11-29T20:00:00Z --format markdown         # post-incident, as of then
+    diagnose rules list | lint | test FILE...                        # the rule pack
+    diagnose probe URL --rate 50 --duration 30                       # an open-loop probe
+    diagnose capacity URL --slo-p99-ms 50 --prometheus-url URL       # the rate that holds the SLO
+    diagnose serve --config diagnoser.yaml                           # the always-on daemon
+"""
+
+from __future__ import annotations
+
+from diagnoser.cli import capacity, now, rules
+from diagnoser.cli.app import app
+
+__all__ = ["app", "main"]
+
+# Importing a command's module registers it; the names keep the imports visibly used.
+_COMMANDS = (now, rules, capacity)
+
+
+def _mount_probe_command() -> None:
+    from diagnoser.probe.cli import probe_command
+
+    app.command("probe")(probe_command)
+
+
+def _mount_serve_command() -> None:
+    from diagnoser.serve_cli import serve_command
+
+    app.command("serve")(serve_command)
+
+
+_mount_probe_command()
+_mount_serve_command()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,143 @@
+"""The ``diagnose`` Typer application and what its commands share: consoles, options, errors.
+
+Each command lives in its own module of :mod:`diagnoser.cli` and registers itself on :data:`app`.
+Usage and configuration errors print one line to stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from diagnoser.config import Settings, check_inputs, load_settings
+from diagnoser.engine import load_ruleset
+from diagnoser.errors import ConfigError
+from diagnoser.ruleset import RuleSet
+
+__all__ = [
+    "ConfigOption",
+    "OutputFormat",
+    "PrometheusOption",
+    "app",
+    "check_inputs_or_exit",
+    "configure_logging",
+    "fail",
+    "load_cli_rules",
+    "load_cli_settings",
+    "rules_app",
+    "stderr",
+    "stdout",
+]
+
+app = typer.Typer(
+    name="diagnose",
+    help="Find why a service is slow or failing: the root cause, the evidence and a number to act on.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+rules_app = typer.Typer(help="List, lint and test rules.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
+
+stdout = Console(soft_wrap=False)
+stderr = Console(stderr=True)
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from diagnoser import __version__
+
+        sys.stdout.write(f"diagnose {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Find why a service is slow or failing: the root cause, the evidence and a number to act on."""
+
+
+def fail(message: str, code: int = 2, console: Console = stderr) -> typer.Exit:
+    """Print ``error: message`` to stderr; the exit to raise (usage and configuration: 2)."""
+    console.print("[red]error:[/red] ", end="")
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML config file (DIAGNOSER_* variables override it).")
+]
+PrometheusOption = Annotated[
+    str | None, typer.Option("--prometheus-url", help="PromQL API base URL (Prometheus, Thanos, Mimir...).")
+]
+
+
+def load_cli_settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
+    try:
+        return load_settings(config, overrides=overrides)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+
+
+def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> RuleSet:
+    """The rules the settings select plus ``--rules`` directories; rule file problems printed."""
+    for directory in extra_dirs or []:
+        if not directory.exists():
+            raise fail(f"--rules: {directory} does not exist")
+    if extra_dirs:
+        settings = settings.model_copy(update={"rule_dirs": [*settings.rule_dirs, *extra_dirs]})
+    try:
+        ruleset = load_ruleset(settings)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    for problem in ruleset.problems:
+        stderr.print("[yellow]rule error:[/yellow] ", end="")
+        stderr.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+    return ruleset
+
+
+def check_inputs_or_exit(settings: Settings) -> None:
+    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load."""
+    try:
+        check_inputs(settings)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+
+
+#: Client libraries whose INFO/WARNING chatter (urllib3 retries, elastic_transport node
+#: failures, httpx requests) repeats what the report already says; shown from -vv on.
+_LIBRARY_LOGGERS = (
+    "urllib3", "elastic_transport", "elasticsearch", "httpx", "httpcore", "kubernetes", "asyncio",
+    "aiohttp", "apscheduler", "py.warnings",
+)  # fmt: skip
+
+
+def configure_logging(verbosity: int) -> None:
+    """Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbosity >= 2 else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    logging.captureWarnings(True)  # library warnings.warn() calls go through logging too
+    if verbosity >= 1:
+        logging.getLogger("diagnoser").setLevel(logging.DEBUG)
+    if verbosity < 2:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)

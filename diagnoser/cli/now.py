@@ -1,0 +1,254 @@
+"""``diagnose now``: what is wrong right now (or ``--at`` a past instant), ranked, with evidence.
+
+Exit codes: 0 nothing at warning or above, 1 something is, 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from diagnoser.cli.app import (
+    ConfigOption,
+    OutputFormat,
+    PrometheusOption,
+    app,
+    check_inputs_or_exit,
+    configure_logging,
+    fail,
+    load_cli_rules,
+    load_cli_settings,
+    stderr,
+    stdout,
+)
+from diagnoser.config import Settings, configured_sources
+from diagnoser.engine import run_diagnosis
+from diagnoser.engine.deadline import remaining_deadline
+from diagnoser.engine.run import ProbeRunner
+from diagnoser.engine.scope import ReportScope
+from diagnoser.errors import ConfigError, DiagnoserError
+from diagnoser.models import Diagnosis
+from diagnoser.notify import render_json, render_markdown, render_table
+from diagnoser.probe.result import ProbeResult
+from diagnoser.ruleset import RuleSet
+from diagnoser.timeparse import parse_instant
+
+__all__ = ["now"]
+
+At = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="Evaluate as of this instant: RFC 3339 with a zone, unix seconds, or a time ago (-30m, 2h).",
+    ),
+]
+SloP99 = Annotated[float | None, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms.")]
+SloErrors = Annotated[float | None, typer.Option("--slo-error-ratio", help="Error ratio SLO, e.g. 0.01.")]
+Format = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+RuleDirs = Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory (repeatable).")]
+Deadline = Annotated[
+    float | None, typer.Option("--deadline", help="Overall deadline in seconds for all rules.")
+]
+Kubeconfig = Annotated[
+    Path | None, typer.Option("--kubeconfig", help="Read Kubernetes with this kubeconfig.")
+]
+Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context.")]
+InCluster = Annotated[
+    bool, typer.Option("--in-cluster", help="Read Kubernetes with the pod's service account.")
+]
+Namespaces = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--namespace",
+        "-n",
+        help="Only this namespace (repeatable): Kubernetes reads, and findings by their namespace label.",
+    ),
+]
+MinSeverity = Annotated[
+    str | None,
+    typer.Option("--severity", help="Only rules and findings at this severity or above (e.g. warning)."),
+]
+Causes = Annotated[list[str] | None, typer.Option("--cause", help="Only rules of this cause (repeatable).")]
+RuleIds = Annotated[
+    list[str] | None, typer.Option("--rule", help="Only this rule id or glob, 'pools/*' (repeatable).")
+]
+EsUrls = Annotated[
+    list[str] | None, typer.Option("--elasticsearch-url", help="Elasticsearch URL (repeatable).")
+]
+Slowlogs = Annotated[
+    list[Path] | None,
+    typer.Option("--slowlog", help="Elasticsearch slow log file or directory (repeatable)."),
+]
+Probe = Annotated[str | None, typer.Option("--probe", help="Probe first: a probes/*.yaml file or a URL.")]
+ProbeRate = Annotated[float, typer.Option("--probe-rate", help="Requests/s for --probe URL.")]
+ProbeDuration = Annotated[float, typer.Option("--probe-duration", help="Seconds for --probe URL.")]
+Verbose = Annotated[
+    int,
+    typer.Option(
+        "--verbose", "-v", count=True, help="-v: all evidence rows, diagnoser's log; -vv: libraries' too."
+    ),
+]
+
+
+@dataclass(frozen=True)
+class _SourceFlags:
+    """The flags that configure sources; each one overrides its setting from the config file."""
+
+    prometheus_url: str | None
+    kubeconfig: Path | None
+    context: str | None
+    in_cluster: bool
+    namespaces: list[str]
+    elasticsearch_urls: list[str]
+    slowlogs: list[Path]
+
+    def overrides(self) -> dict[str, Any]:
+        overrides: dict[str, Any] = {}
+        if self.prometheus_url:
+            overrides["prometheus"] = {"url": self.prometheus_url}
+        k8s: dict[str, Any] = {}
+        if self.namespaces:
+            # Scopes Kubernetes when it is configured; on its own it does not turn Kubernetes on.
+            k8s["namespaces"] = self.namespaces
+        if self.kubeconfig or self.context or self.in_cluster:
+            k8s["enabled"] = True
+            k8s.update({"kubeconfig": str(self.kubeconfig)} if self.kubeconfig else {})
+            k8s.update({"context": self.context} if self.context else {})
+            k8s.update({"in_cluster": True} if self.in_cluster else {})
+        if k8s:
+            overrides["kubernetes"] = k8s
+        es: dict[str, Any] = {}
+        if self.elasticsearch_urls:
+            es["urls"] = self.elasticsearch_urls
+        if self.slowlogs:
+            es["slowlog_paths"] = [str(p) for p in self.slowlogs]
+        if es:
+            overrides["elasticsearch"] = es
+        return overrides
+
+
+@app.command()
+def now(
+    config: ConfigOption = None,
+    prometheus_url: PrometheusOption = None,
+    at: At = None,
+    slo_p99_ms: SloP99 = None,
+    slo_error_ratio: SloErrors = None,
+    output: Format = OutputFormat.table,
+    rules_dir: RuleDirs = None,
+    deadline: Deadline = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    in_cluster: InCluster = False,
+    namespace: Namespaces = None,
+    severity: MinSeverity = None,
+    cause: Causes = None,
+    rule: RuleIds = None,
+    elasticsearch_url: EsUrls = None,
+    slowlog: Slowlogs = None,
+    probe: Probe = None,
+    probe_rate: ProbeRate = 10.0,
+    probe_duration: ProbeDuration = 10.0,
+    verbose: Verbose = 0,
+) -> None:
+    """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
+    configure_logging(verbose)
+    flags = _SourceFlags(
+        prometheus_url,
+        kubeconfig,
+        context,
+        in_cluster,
+        namespace or [],
+        elasticsearch_url or [],
+        slowlog or [],
+    )
+    overrides = flags.overrides()
+    slo = {"p99_ms": slo_p99_ms, "error_ratio": slo_error_ratio}
+    if any(v is not None for v in slo.values()):
+        overrides["slo"] = {k: v for k, v in slo.items() if v is not None}
+    if deadline is not None:
+        overrides["deadline_s"] = deadline
+    settings = load_cli_settings(config, overrides)
+    check_inputs_or_exit(settings)
+    try:
+        instant = parse_instant(at) if at else datetime.now(UTC)
+    except ValueError as exc:
+        raise fail(f"--at: {exc}") from exc
+    scope, ruleset = _selected_rules(settings, rules_dir, severity, cause or [], rule or [], namespace or [])
+    probe_runner = _probe_runner(probe, probe_rate, probe_duration, settings) if probe else None
+    if not [name for name in configured_sources(settings) if name != "probe"] and probe_runner is None:
+        raise fail(
+            "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
+            "--slowlog or --probe (or set them in --config)"
+        )
+    # The deadline counts from the command's start: start-up and rule loading spend it too.
+    settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
+    diagnosis = scope.apply(_diagnose_with_spinner(settings, ruleset, instant, probe_runner))
+    _print_diagnosis(diagnosis, output, verbose > 0)
+    raise typer.Exit(diagnosis.exit_code)
+
+
+def _selected_rules(
+    settings: Settings,
+    rules_dir: list[Path] | None,
+    severity: str | None,
+    causes: list[str],
+    rule_ids: list[str],
+    namespaces: list[str],
+) -> tuple[ReportScope, RuleSet]:
+    """The report's scope from the filter flags, and the rules it selects."""
+    try:
+        scope = ReportScope.from_flags(
+            severity=severity, causes=causes, rules=rule_ids, namespaces=namespaces
+        )
+        return scope, scope.select(load_cli_rules(settings, rules_dir))
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _diagnose_with_spinner(
+    settings: Settings, ruleset: RuleSet, instant: datetime, probe_runner: ProbeRunner | None
+) -> Diagnosis:
+    """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
+    if not stderr.is_terminal:
+        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
+    sources = [name for name in configured_sources(settings) if name != "probe"]
+    if probe_runner is not None:
+        sources.append("probe")
+    evaluating = f"evaluating {len(ruleset)} rules against {', '.join(sources)}"
+    with stderr.status(evaluating if probe_runner is None else "probing the target") as status:
+        probe: ProbeRunner | None = None
+        if probe_runner is not None:
+            runner = probe_runner
+
+            async def probe() -> ProbeResult:
+                try:
+                    return await runner()
+                finally:
+                    status.update(evaluating)
+
+        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe))
+
+
+def _probe_runner(target: str, rate: float, duration: float, settings: Settings) -> ProbeRunner:
+    from diagnoser.probe.integration import probe_runner_for
+
+    try:
+        return probe_runner_for(target, rate=rate, duration_s=duration, settings=settings)
+    except DiagnoserError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _print_diagnosis(diagnosis: Diagnosis, output: OutputFormat, verbose: bool) -> None:
+    if output is OutputFormat.json:
+        sys.stdout.write(render_json(diagnosis) + "\n")
+    elif output is OutputFormat.markdown:
+        sys.stdout.write(render_markdown(diagnosis) + "\n")
+    else:
+        stdout.print(render_table(diagnosis, verbose=verbose, width=stdout.width, links=stdout.is_terminal))

@@ -1,0 +1,132 @@
+"""``diagnose rules list | lint | test``: the rule pack as users see, check and test it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from diagnoser.cli.app import (
+    ConfigOption,
+    OutputFormat,
+    PrometheusOption,
+    fail,
+    load_cli_rules,
+    load_cli_settings,
+    rules_app,
+    stderr,
+    stdout,
+)
+from diagnoser.errors import ConfigError, LocalPrometheusError
+
+__all__ = ["rules_lint", "rules_list", "rules_test"]
+
+
+@rules_app.command("list")
+def rules_list(
+    config: ConfigOption = None,
+    rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
+    output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """List every rule: id, cause, severity, sources, runbook."""
+    settings = load_cli_settings(config, {})
+    ruleset = load_cli_rules(settings, rules_dir)
+    rows = [
+        {
+            "id": rule.id,
+            "cause": rule.cause,
+            "kind": rule.kind,
+            "severity": rule.severity.value,
+            "sources": list(rule.sources),
+            "title": rule.title,
+            "runbook_url": rule.runbook_url(settings.runbook_base_url),
+        }
+        for rule in sorted(ruleset, key=lambda r: r.id)
+    ]
+    if output is OutputFormat.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    elif output is OutputFormat.markdown:
+        lines = ["| rule | cause | severity | sources | runbook |", "|---|---|---|---|---|"]
+        lines += [
+            f"| `{r['id']}` | `{r['cause']}` | {r['severity']} | {', '.join(r['sources'])} "
+            f"| [runbook]({r['runbook_url']}) |"
+            for r in rows
+        ]
+        sys.stdout.write("\n".join(lines) + "\n")
+    else:
+        # The id is what users copy into --rule, rule_params and tests: never cut it; the other
+        # columns wrap instead.
+        widest = max((len(r["id"]) for r in rows), default=4)
+        causes = [r["cause"] + (" (symptom)" if r["kind"] == "symptom" else "") for r in rows]
+        if stdout.width >= widest + max((len(c) for c in causes), default=5) + 36:
+            table = Table(box=box.SIMPLE, pad_edge=False)
+            table.add_column("rule", no_wrap=True)
+            table.add_column("cause", no_wrap=True)
+            table.add_column("severity", no_wrap=True)
+            table.add_column("sources", overflow="fold")
+            for r, cause in zip(rows, causes, strict=True):
+                table.add_row(r["id"], cause, r["severity"], ", ".join(r["sources"]))
+            stdout.print(table)
+        else:  # narrow: the id on a line of its own, the rest below it
+            for r, cause in zip(rows, causes, strict=True):
+                stdout.print(r["id"], style="bold", no_wrap=True, overflow="ignore", highlight=False)
+                stdout.print(f"    {cause} · {r['severity']} · {', '.join(r['sources'])}", highlight=False)
+    raise typer.Exit(1 if ruleset.problems else 0)
+
+
+@rules_app.command("lint")
+def rules_lint(
+    config: ConfigOption = None,
+    prometheus_url: PrometheusOption = None,
+    rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
+) -> None:
+    """Validate every rule file; with a Prometheus, also run each query to check it parses and evaluates."""
+    from diagnoser.ruleset.lint import lint_queries, lint_static
+
+    overrides: dict[str, Any] = {"prometheus": {"url": prometheus_url}} if prometheus_url else {}
+    settings = load_cli_settings(config, overrides)
+    ruleset = load_cli_rules(settings, rules_dir)
+    problems = [str(p) for p in ruleset.problems]
+    for line in lint_static(ruleset, settings):
+        stderr.print("[yellow]rule problem:[/yellow] ", end="")
+        stderr.print(line, markup=False, highlight=False, soft_wrap=True)
+        problems.append(line)
+    if settings.prometheus.url:
+        problems += asyncio.run(lint_queries(ruleset, settings))
+        for line in problems[len(ruleset.problems) :]:
+            stderr.print("[yellow]query error:[/yellow] ", end="")
+            stderr.print(line, markup=False, highlight=False, soft_wrap=True)
+    else:
+        stderr.print("no Prometheus given: queries were not checked (use --prometheus-url)")
+    stdout.print(f"{len(ruleset)} rules, {len(problems)} problems")
+    raise typer.Exit(1 if problems else 0)
+
+
+@rules_app.command("test")
+def rules_test(
+    files: Annotated[list[Path], typer.Argument(help="Rule test files (promtool-style input_series).")],
+    config: ConfigOption = None,
+) -> None:
+    """Run rule unit tests on a real, backfilled local Prometheus (needs the prometheus package)."""
+    from diagnoser.testing.rules import run_rule_tests
+
+    settings = load_cli_settings(config, {})
+    try:
+        results = run_rule_tests(files, base_settings=settings)
+    except (ConfigError, LocalPrometheusError) as exc:
+        raise fail(str(exc)) from exc
+    failed = [r for r in results if not r.passed]
+    for result in results:
+        mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
+        stdout.print(f"{mark} ", end="", highlight=False)
+        stdout.print(result.name, markup=False, highlight=False, soft_wrap=True)
+        for problem in result.problems:
+            stdout.print(f"     {problem}", markup=False, highlight=False, soft_wrap=True)
+    stdout.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    raise typer.Exit(1 if failed else 0)
