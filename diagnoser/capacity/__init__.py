@@ -1,7 +1,7 @@
 """``diagnose capacity``: find the highest rate that holds the SLO, and name what breaks first.
 
 Open-loop steps of increasing rate (:mod:`.step`, chosen by :mod:`.search`), each judged on the
-probe's own histograms; the rule pack evaluated as of each step's end (:mod:`.runner`); the
+probe's own histograms; the rule pack evaluated as of each step's end (:mod:`.run`); the
 bottleneck is the cause that appears between the last step that held and the first that
 failed (:mod:`.bottleneck`). Reports render as a table, Markdown, JSON (:mod:`.report`), a
 picture (:mod:`.plot`) and a Slack message (:func:`diagnoser.notify.slack.render_capacity_report`). ::
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck
 from diagnoser.capacity.report import Bottleneck, CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
-from diagnoser.capacity.runner import CapacityOptions, CapacityRun
+from diagnoser.capacity.run import CapacityOptions, CapacityRun
 from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import StepMeasurement, StepPlan, run_step
 

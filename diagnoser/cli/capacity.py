@@ -31,7 +31,7 @@ from rich.console import Console
 from diagnoser.capacity.plot import check_plot_path, write_plot
 from diagnoser.capacity.render import render_capacity_markdown, render_capacity_table
 from diagnoser.capacity.report import CapacityReport, CapacityStep
-from diagnoser.capacity.runner import CapacityOptions, CapacityRun
+from diagnoser.capacity.run import CapacityOptions, CapacityRun
 from diagnoser.capacity.step import StepPlan
 from diagnoser.cli.app import app, fail
 from diagnoser.config import Settings, load_settings

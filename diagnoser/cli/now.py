@@ -27,6 +27,7 @@ from diagnoser.cli.app import (
     stderr,
     stdout,
 )
+from diagnoser.cli.timeparse import parse_instant
 from diagnoser.config import Settings, configured_sources
 from diagnoser.engine import run_diagnosis
 from diagnoser.engine.deadline import remaining_deadline
@@ -37,7 +38,6 @@ from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet
-from diagnoser.timeparse import parse_instant
 
 __all__ = ["now"]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from diagnoser.cli.timeparse import parse_instant
 from diagnoser.config import load_settings
 from diagnoser.errors import ConfigError
-from diagnoser.timeparse import parse_instant
 
 
 def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
