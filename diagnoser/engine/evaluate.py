@@ -183,11 +183,8 @@ async def _evaluate(
         if emitted == MAX_FINDINGS_PER_RULE:
             outcome.findings[-1].summary += f" (and {len(candidates) - emitted} more, not listed)"
             break
-        outcome.findings.append(
-            _finding(
-                rule, settings, params, labels, primary_rows, list(zip(conditions[1:], matched, strict=True))
-            )
-        )
+        candidate = _Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True)))
+        outcome.findings.append(_finding(rule, settings, params, candidate))
         emitted += 1
 
 
@@ -232,15 +229,18 @@ def _match_conditions(
     return [[row for row in rows if agrees(labels, row.labels)] for rows in rows_by_condition]
 
 
-def _finding(
-    rule: Rule,
-    settings: Settings,
-    params: Mapping[str, Any],
-    labels: dict[str, str],
-    primary_rows: list[Evidence],
-    others: list[tuple[Condition, list[Evidence]]],
-) -> Finding:
-    values = _template_values(rule, settings, params, labels, primary_rows, others)
+@dataclass(frozen=True)
+class _Candidate:
+    """What one finding is about: its labels, the first condition's rows, the others' matching rows."""
+
+    labels: dict[str, str]
+    primary_rows: list[Evidence]
+    others: list[tuple[Condition, list[Evidence]]]
+
+
+def _finding(rule: Rule, settings: Settings, params: Mapping[str, Any], candidate: _Candidate) -> Finding:
+    labels, primary_rows, others = candidate.labels, candidate.primary_rows, candidate.others
+    values = _template_values(rule, settings, params, candidate)
     problems = _compute(rule, values)
     shown = MAX_EVIDENCE_PER_CONDITION
     evidence = [_named(row, rule.when[0].name or "value") for row in primary_rows[:shown]] + [
@@ -265,14 +265,10 @@ def _finding(
 
 
 def _template_values(
-    rule: Rule,
-    settings: Settings,
-    params: Mapping[str, Any],
-    labels: dict[str, str],
-    primary_rows: list[Evidence],
-    others: list[tuple[Condition, list[Evidence]]],
+    rule: Rule, settings: Settings, params: Mapping[str, Any], candidate: _Candidate
 ) -> dict[str, Any]:
     """What a finding's templates and ``compute`` expressions can name."""
+    labels, primary_rows, others = candidate.labels, candidate.primary_rows, candidate.others
     primary = max(primary_rows, key=lambda r: r.value if r.value is not None else float("-inf"))
     values: dict[str, Any] = {f"params.{k}": v for k, v in params.items()}
     values.update(
