@@ -259,4 +259,4 @@ async def test_expired_answers_are_not_kept(serve, source_for) -> None:
     await source.list_objects("pods")
     await asyncio.sleep(0.1)
     await source.list_objects("nodes")
-    assert [key[1] for key in source._cache] == ["nodes"]
+    assert [key[1] for key in source._flight._entries] == ["nodes"]
