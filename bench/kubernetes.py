@@ -3,7 +3,7 @@
 Starts the fixture API server (tests/fixtures/k8s_server.py, bulk scenario) in a separate process on
 127.0.0.1, so its JSON encoding does not share this process's CPU, then (after a first
 pass that also warms the fixture's page cache, printed too) times one evaluation of
-every k8s check (lists paged 500 at a time, parsed with json.loads into dicts) and, for comparison,
+every k8s.<check> kind (lists paged 500 at a time, parsed with json.loads into dicts) and, for comparison,
 the same pod list deserialised into the client's model objects. Goal: under 2 s. Run::
 
     .venv/bin/python bench/kubernetes.py [--pods 5000] [--events 1000]
@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # This file is named kubernetes.py: keep its folder off sys.path so `import kubernetes` is the client.
 _HERE = Path(__file__).resolve().parent
@@ -25,25 +26,19 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 _ROOT = _HERE.parent
 sys.path.insert(0, str(_ROOT))
 
-from diagnoser.checks.k8s import K8sParams, k8s_check  # noqa: E402
-from diagnoser.checks.registry import CheckContext  # noqa: E402
+from diagnoser.checks.registry import CheckContext, check_kinds  # noqa: E402
 from diagnoser.config import KubernetesSettings, Settings  # noqa: E402
 from diagnoser.models import SourceError  # noqa: E402
 from diagnoser.sources import Sources  # noqa: E402
 from diagnoser.sources.kubernetes import KubernetesSource  # noqa: E402
 
-CHECKS = [
-    K8sParams(check="metrics_server", require_confirmation=False),
-    K8sParams(check="hpa_at_max"),
-    K8sParams(check="hpa_scale_up_slow"),
-    K8sParams(check="hpa_cpu_on_queue_workload", queue_metric="shop_worker_queue_length"),
-    K8sParams(check="config_mount_failure"),
-    K8sParams(check="pod_startup", window_minutes=1440),
-    K8sParams(check="cross_zone_dependency", service="redis", clients="app=web", when_latency="any"),
-    K8sParams(check="oom_killed"),
-    K8sParams(check="crash_loop"),
-    K8sParams(check="pvc_pending_storage_class"),
-]
+#: Parameters for the checks that need some to read everything; the others run with their defaults.
+PARAMS: dict[str, dict[str, Any]] = {
+    "metrics_server": {"require_confirmation": False},
+    "hpa_cpu_on_queue_workload": {"queue_metric": "shop_worker_queue_length"},
+    "pod_startup": {"window_minutes": 1440},
+    "cross_zone_dependency": {"service": "redis", "clients": "app=web", "when_latency": "any"},
+}
 
 
 async def evaluate(kubeconfig: Path) -> tuple[float, dict[str, int], int]:
@@ -51,9 +46,12 @@ async def evaluate(kubeconfig: Path) -> tuple[float, dict[str, int], int]:
 
     source = KubernetesSource.from_settings(KubernetesSettings(enabled=True, kubeconfig=kubeconfig))
     ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
+    kinds = {name[4:]: kind for name, kind in check_kinds().items() if name.startswith("k8s.")}
     try:
         started = time.perf_counter()
-        results = await asyncio.gather(*(k8s_check(p, ctx) for p in CHECKS))
+        results = await asyncio.gather(
+            *(kind.run(kind.params(**PARAMS.get(check, {})), ctx) for check, kind in kinds.items())
+        )
         elapsed = time.perf_counter() - started
         pods = await source.list_objects("pods")
         events = await source.list_objects("events")
@@ -62,7 +60,7 @@ async def evaluate(kubeconfig: Path) -> tuple[float, dict[str, int], int]:
     errors = [r for r in results if isinstance(r, SourceError)]
     if errors or isinstance(pods, SourceError) or isinstance(events, SourceError):
         raise SystemExit(f"source errors: {errors or pods or events}")
-    rows = {p.check: len(r) for p, r in zip(CHECKS, results, strict=True) if isinstance(r, list)}
+    rows = {check: len(r) for check, r in zip(kinds, results, strict=True) if isinstance(r, list)}
     return elapsed, rows, len(pods)
 
 

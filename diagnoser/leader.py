@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from diagnoser.config import KubernetesSettings, LeaderElectionSettings
-from diagnoser.errors import ConfigError
+from diagnoser.sources.kubernetes.credentials import load_credentials
 
 __all__ = ["LeaderElector", "LeaseElector", "SoleLeader", "elector_for"]
 
@@ -85,24 +85,8 @@ class LeaseElector:
     @classmethod
     def from_settings(cls, kubernetes: KubernetesSettings, settings: LeaderElectionSettings) -> LeaseElector:
         """Credentials as for the Kubernetes source (in-cluster or kubeconfig); ConfigError if they fail."""
-        from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
-
-        configuration = k8s_client.Configuration()
-        try:
-            if kubernetes.in_cluster:
-                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            else:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(kubernetes.kubeconfig) if kubernetes.kubeconfig else None,
-                    context=kubernetes.context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-        except Exception as exc:  # the loaders raise many unrelated types
-            raise ConfigError(f"leader election: cannot load Kubernetes credentials: {exc}") from exc
-        configuration.retries = False
-        return cls(k8s_client.ApiClient(configuration), settings, timeout_s=kubernetes.timeout_s)
+        credentials = load_credentials(kubernetes, purpose="leader election")
+        return cls(credentials.api_client(), settings, timeout_s=kubernetes.timeout_s)
 
     @property
     def is_leader(self) -> bool:

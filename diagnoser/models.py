@@ -58,6 +58,7 @@ CAUSES: frozenset[str] = frozenset(
         "duplicate_scrape",
         "source_unavailable",
         "crash_loop",
+        "image_pull_failure",
         "pvc_pending",
         "es_fielddata_text",
         "no_data",

@@ -1,17 +1,20 @@
-"""Each ``k8s`` check against the fixture API server: fires on its scenario, silent on the healthy cluster."""
+"""Each ``k8s.<check>`` kind against the fixture API server: fires on its scenario, silent on the healthy cluster."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from diagnoser.checks.k8s import K8sParams, k8s_check
-from diagnoser.checks.registry import CheckContext
+from diagnoser.checks.k8s.cross_zone_dependency import CrossZoneDependencyParams
+from diagnoser.checks.k8s.oom_killed import OomKilledParams
+from diagnoser.checks.registry import CheckContext, check_kinds
 from diagnoser.config import Settings
 from diagnoser.models import Evidence, SourceError
+from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
 from diagnoser.sources.kubernetes import KubernetesSource
 from tests.fixtures.k8s import scenarios
@@ -123,7 +126,8 @@ CASES: list[tuple[str, dict[str, Any], Callable[[], Cluster], dict[str, str], fl
 
 async def run_check(source: KubernetesSource, check: str, **params: Any) -> list[Evidence] | SourceError:
     ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
-    return await k8s_check(K8sParams(check=check, **params), ctx)  # type: ignore[arg-type]
+    kind = check_kinds()[f"k8s.{check}"]
+    return await kind.run(kind.params(**params), ctx)
 
 
 @pytest.mark.parametrize(
@@ -244,10 +248,15 @@ async def test_failed_read_is_returned_as_source_error(serve, source_for) -> Non
     assert "forbidden: list pods" in result.message
 
 
-def test_params_reject_options_of_other_checks() -> None:
+def test_params_reject_options_of_other_checks(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="does not use budget_seconds"):
-        K8sParams(check="oom_killed", budget_seconds=3)
+        OomKilledParams(budget_seconds=3)
     with pytest.raises(ValidationError, match="unsupported label selector"):
-        K8sParams(check="cross_zone_dependency", service="redis", clients="app in (web)")
-    with pytest.raises(ValidationError):
-        K8sParams(check="no_such_check")  # type: ignore[arg-type]
+        CrossZoneDependencyParams(service="redis", clients="app in (web)")
+    (tmp_path / "kubernetes").mkdir()
+    rule = "cause: x\nseverity: warning\ntitle: x\nsummary: x\nrecommendation: x\nwhen:\n  - k8s: {check: %s}\n"
+    (tmp_path / "kubernetes" / "unknown.yaml").write_text(rule % "no_such_check")
+    (tmp_path / "kubernetes" / "stray.yaml").write_text(rule % "oom_killed, budget_seconds: 3")
+    problems = {p.rule_id: p.message for p in load_rules([tmp_path], include_builtin=False).problems}
+    assert "unknown check 'no_such_check'; known: config_mount_failure, crash_loop" in problems["kubernetes/unknown"]
+    assert "check oom_killed does not use budget_seconds" in problems["kubernetes/stray"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -259,4 +261,32 @@ async def test_expired_answers_are_not_kept(serve, source_for) -> None:
     await source.list_objects("pods")
     await asyncio.sleep(0.1)
     await source.list_objects("nodes")
-    assert [key[1] for key in source._cache] == ["nodes"]
+    assert [key[1] for key in source._flight._entries] == ["nodes"]
+
+
+def test_leader_election_loads_the_same_credentials(tmp_path: Path) -> None:
+    from diagnoser.config import LeaderElectionSettings
+    from diagnoser.leader import LeaseElector
+
+    with pytest.raises(ConfigError, match=r"^leader election: cannot load kubeconfig: "):
+        LeaseElector.from_settings(
+            KubernetesSettings(enabled=True, kubeconfig=tmp_path / "missing"), LeaderElectionSettings()
+        )
+    with pytest.raises(ConfigError, match=r"^leader election: cannot load in-cluster configuration: "):
+        LeaseElector.from_settings(
+            KubernetesSettings(enabled=True, in_cluster=True), LeaderElectionSettings()
+        )
+
+
+def test_importing_the_source_and_checks_does_not_load_the_client_library() -> None:
+    # The client package is large: only configurations with Kubernetes should pay for it.
+    code = (
+        "import sys, diagnoser.models, diagnoser.sources.kubernetes, diagnoser.checks.registry as r\n"
+        "r.load_check_kinds()\n"
+        "print(sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from diagnoser.checks.k8s import K8sParams, k8s_check
-from diagnoser.checks.registry import CheckContext
+from diagnoser.checks.registry import CheckContext, check_kinds
 from diagnoser.config import Settings
 from diagnoser.sources import Sources
-from diagnoser.sources.kubernetes_resources import RBAC_VERBS, RESOURCES, ResourceKind
+from diagnoser.sources.kubernetes.resources import RBAC_VERBS, RESOURCES, ResourceKind
 from tests.deploy.rendering import helm_template, one
 from tests.fixtures.k8s import objects as o
 from tests.fixtures.k8s import scenarios
@@ -86,7 +85,7 @@ def test_consistency_check_fails_when_a_read_is_not_granted() -> None:
     assert rbac_problems(role, RESOURCES.values()) == [
         "code reads endpointslices in API group 'discovery.k8s.io' with ['list'], not granted"
     ]
-    extra = ResourceKind("batch", "v1", "jobs", True, ("list",), "a new check")
+    extra = ResourceKind("batch", "v1", "jobs", True, ("list",))
     assert rbac_problems(load_role(), [*RESOURCES.values(), extra]) == [
         "code reads jobs in API group 'batch' with ['list'], not granted"
     ]
@@ -144,19 +143,15 @@ async def test_checks_read_only_declared_resources(serve, source_for) -> None:
     server = serve(cluster)
     source = source_for(server)
     ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
-    params = [
-        K8sParams(check="metrics_server", require_confirmation=False),
-        K8sParams(check="hpa_at_max"),
-        K8sParams(check="hpa_scale_up_slow"),
-        K8sParams(check="hpa_cpu_on_queue_workload", queue_metric="q"),
-        K8sParams(check="config_mount_failure"),
-        K8sParams(check="pod_startup"),
-        K8sParams(check="oom_killed"),
-        K8sParams(check="crash_loop"),
-        K8sParams(check="pvc_pending_storage_class"),
-        K8sParams(check="cross_zone_dependency", service="redis", clients="app=web", when_latency="any"),
-    ]
-    await asyncio.gather(*(k8s_check(p, ctx) for p in params))
+    # Every registered Kubernetes check, with the parameters that make it read all it can.
+    params: dict[str, dict[str, Any]] = {
+        "k8s.metrics_server": {"require_confirmation": False},
+        "k8s.hpa_cpu_on_queue_workload": {"queue_metric": "q"},
+        "k8s.cross_zone_dependency": {"service": "redis", "clients": "app=web", "when_latency": "any"},
+    }
+    kinds = [kind for name, kind in check_kinds().items() if name.startswith("k8s.")]
+    assert set(params) <= {kind.name for kind in kinds}
+    await asyncio.gather(*(kind.run(kind.params(**params.get(kind.name, {})), ctx) for kind in kinds))
     declared = {(k.group, k.resource) for k in RESOURCES.values()}
     read: set[tuple[str, str]] = set()
     for path in server.requested_paths():

@@ -10,7 +10,9 @@ it rather than multiplying load on a struggling API server.
 Lists are paged (``limit``/``continue``) and parsed with ``json.loads`` into plain dicts instead of
 the client's model objects, which is several times faster for thousands of pods or events.
 Concurrent identical reads share one request (the engine evaluates rules concurrently and
-several checks read pods and events), and a result is reused for ``cache_ttl_s``.
+several checks read pods and events), and a result is reused for ``cache_ttl_s``
+(:class:`~diagnoser.sources.base.SingleFlight`). Credentials come from
+:mod:`diagnoser.sources.kubernetes.credentials`, as for leader election.
 
 Every failure comes back as a :class:`~diagnoser.models.SourceError` value that says what
 happened and what to do: a 403 names the verb, resource, API group and namespace the role is
@@ -20,7 +22,7 @@ missing; a 404 on a list names the API group the cluster does not serve::
     pods = await source.list_objects("pods")                  # list[dict] | SourceError
     api = await source.get_object("apiservices", "v1beta1.metrics.k8s.io")   # dict | None | SourceError
 
-Only the resources of :data:`diagnoser.sources.kubernetes_resources.RESOURCES` can be read, so
+Only the resources of :data:`diagnoser.sources.kubernetes.resources.RESOURCES` can be read, so
 the ClusterRole in ``deploy/`` and the code cannot drift apart unnoticed.
 """
 
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +37,10 @@ from typing import Any
 import urllib3
 
 from diagnoser.config import KubernetesSettings
-from diagnoser.errors import ConfigError
 from diagnoser.models import SourceError
-from diagnoser.sources.base import run_blocking
-from diagnoser.sources.kubernetes_resources import RESOURCES, ResourceKind
+from diagnoser.sources.base import SingleFlight, run_blocking
+from diagnoser.sources.kubernetes.credentials import load_credentials
+from diagnoser.sources.kubernetes.resources import RESOURCES, ResourceKind
 
 __all__ = ["KubernetesSource", "ListResult", "ObjectResult"]
 
@@ -107,51 +108,38 @@ class KubernetesSource:
         self.namespaces: tuple[str, ...] = tuple(dict.fromkeys(namespaces))
         self.timeout_s = timeout_s
         self.page_size = page_size
-        self.cache_ttl_s = cache_ttl_s
         self.identity = identity
         self.max_concurrency = max_concurrency
         self._limits: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-        self._cache: dict[tuple[Any, ...], tuple[asyncio.AbstractEventLoop, float, asyncio.Future[Any]]] = {}
+        # Checks evaluated concurrently share one request per read, and its answer for cache_ttl_s.
+        self._flight = SingleFlight(ttl_s=cache_ttl_s)
 
     @classmethod
     def from_settings(cls, settings: KubernetesSettings) -> KubernetesSource:
         """Load in-cluster or kubeconfig credentials; raise :class:`ConfigError` when they cannot load."""
-        # Imported here: the client package is large and only needed when Kubernetes is configured.
-        from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
-
-        configuration = k8s_client.Configuration()
-        try:
-            if settings.in_cluster:
-                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                identity = "the pod's ServiceAccount"
-            else:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-                    context=settings.context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-                where = str(settings.kubeconfig) if settings.kubeconfig else "the default kubeconfig"
-                identity = f"context {settings.context} of {where}" if settings.context else where
-        except Exception as exc:  # the loaders raise ConfigException, OSError, YAML and key errors alike
-            what = "in-cluster configuration" if settings.in_cluster else "kubeconfig"
-            detail = " ".join(str(exc).split())  # YAML errors span lines; a config error is one
-            raise ConfigError(f"kubernetes: cannot load {what}: {detail}") from exc
-        # urllib3 retries connection errors three times by default; one try per call, no more.
-        configuration.retries = False
+        credentials = load_credentials(settings)
         return cls(
-            k8s_client.ApiClient(configuration),
+            credentials.api_client(),
             namespaces=settings.namespaces,
             timeout_s=settings.timeout_s,
-            identity=identity,
+            identity=credentials.identity,
         )
+
+    @property
+    def cache_ttl_s(self) -> float:
+        """How long an answer is reused, counted from when it arrived."""
+        return self._flight.ttl_s
+
+    @cache_ttl_s.setter
+    def cache_ttl_s(self, seconds: float) -> None:
+        self._flight.ttl_s = seconds
 
     @property
     def host(self) -> str:
         return str(self._api.configuration.host)
 
     def close(self) -> None:
+        self._flight.clear()
         self._limits.clear()
         self._api.close()
 
@@ -180,40 +168,15 @@ class KubernetesSource:
         scope: tuple[str, ...] = self.namespaces if namespaces is None else tuple(namespaces)
         targets: tuple[str | None, ...] = scope if (kind.namespaced and scope) else (None,)
         key = ("list", resource, targets, label_selector, field_selector, metadata_only)
-        result: ListResult = await self._shared(
+        return await self._flight.run(
             key, lambda: self._list_all(kind, targets, label_selector, field_selector, metadata_only)
         )
-        return result
 
     async def get_object(self, resource: str, name: str, namespace: str | None = None) -> ObjectResult:
         """One object, ``None`` when it does not exist, or a :class:`SourceError`."""
         kind = _resource(resource, "get")
         key = ("get", resource, namespace, name)
-        return await self._shared(key, lambda: self._get(kind, name, namespace))  # type: ignore[no-any-return]
-
-    async def _shared(self, key: tuple[Any, ...], start: Any) -> Any:
-        # Single flight: checks evaluated concurrently share one request per read.
-        loop = asyncio.get_running_loop()
-        now = time.monotonic()
-        # Drop finished answers that expired or belong to an earlier event loop: a daemon keeps this
-        # source for days, and a cached list of thousands of pods must not outlive its use.
-        for stale in [
-            k
-            for k, (entry_loop, answered, future) in self._cache.items()
-            if future.done() and (entry_loop is not loop or now - answered >= self.cache_ttl_s)
-        ]:
-            del self._cache[stale]
-        entry = self._cache.get(key)
-        if entry is not None:
-            entry_loop, answered, future = entry
-            if entry_loop is loop and (not future.done() or now - answered < self.cache_ttl_s):
-                return await asyncio.shield(future)
-        future = asyncio.ensure_future(start())
-        self._cache[key] = (loop, now, future)
-        result = await asyncio.shield(future)
-        # The time to live counts from the answer, not the question.
-        self._cache[key] = (loop, time.monotonic(), future)
-        return result
+        return await self._flight.run(key, lambda: self._get(kind, name, namespace))
 
     async def _list_all(
         self,
@@ -359,7 +322,7 @@ def _resource(resource: str, verb: str) -> ResourceKind:
     if kind is None or verb not in kind.verbs:
         # A programming error, not a source failure: the RBAC table must list every read.
         raise ValueError(
-            f"{verb} {resource} is not declared in diagnoser.sources.kubernetes_resources.RESOURCES"
+            f"{verb} {resource} is not declared in diagnoser.sources.kubernetes.resources.RESOURCES"
         )
     return kind
 
