@@ -432,7 +432,7 @@ def _mount_probe_command() -> None:
 
 def _mount_serve_command() -> None:
     try:
-        from diagnoser.serve_cli import serve_command
+        from diagnoser.daemon.command import serve_command
     except ImportError:
         return
     app.command("serve")(serve_command)

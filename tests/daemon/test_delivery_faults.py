@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.daemon import Daemon
-from diagnoser.state import StateStore
+from diagnoser.daemon.state import StateStore
 from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for, write_rule
 from tests.fixtures.slack_server import SlackFixtureServer
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from diagnoser.daemon import Daemon
+from diagnoser.daemon.state import StateStore
 from diagnoser.local_prometheus import free_port
-from diagnoser.state import StateStore
 from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.daemon.test_serve_process import _healthy, _start, _wait, serve_argv
 from tests.fixtures.slack_server import SlackFixtureServer
