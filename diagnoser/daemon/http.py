@@ -1,4 +1,4 @@
-"""The daemon's HTTP side: /healthz, /readyz, /metrics and the Alertmanager webhook receiver.
+"""The daemon's HTTP side: /healthz, /readyz, /findings, /metrics and the Alertmanager webhook receiver.
 
 It is an aiohttp application on the daemon's own event loop: the Alertmanager receiver runs a
 diagnosis, which is asyncio code sharing the daemon's sources, so serving from a thread (the

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from diagnoser.config import DaemonSettings, Settings
 from diagnoser.daemon.metrics import DaemonMetrics
@@ -35,6 +35,9 @@ from diagnoser.errors import StateError
 from diagnoser.leader import LeaderElector
 from diagnoser.models import Diagnosis, Finding, Severity
 from diagnoser.notify.delivery import OutboxDelivery
+
+if TYPE_CHECKING:
+    from diagnoser.probe import ProbeResult
 
 __all__ = ["DiagnoseJob", "JobHost", "LeaderJob", "OutboxJob", "ProbeJob", "report_state_error"]
 
@@ -135,7 +138,7 @@ class ProbeJob:
     def __init__(self, settings: Settings, metrics: DaemonMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._results: dict[str, tuple[float, Any]] = {}
+        self._results: dict[str, tuple[float, ProbeResult]] = {}
 
     async def __call__(self) -> None:
         from diagnoser.probe import build_spec, run_probe
@@ -154,7 +157,7 @@ class ProbeJob:
             self._results[name] = (time.monotonic(), result)
             self._record(name, result)
 
-    def _record(self, name: str, result: Any) -> None:
+    def _record(self, name: str, result: ProbeResult) -> None:
         self.metrics.probe_runs.labels(name, "aborted" if result.aborted else "ok").inc()
         if result.latency_ms.p99 is not None:
             self.metrics.probe_p99.labels(name).set(result.latency_ms.p99 / 1000)
@@ -168,7 +171,7 @@ class ProbeJob:
         )
         log.info("probe done", extra={"probe": name, "sent": result.sent, "p99_ms": result.latency_ms.p99})
 
-    async def latest(self) -> Any:
+    async def latest(self) -> ProbeResult | None:
         """The newest probe result, if fresh, else ``None``.
 
         A probe that stopped running must not keep feeding an old measurement to the rules.
