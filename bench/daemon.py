@@ -136,7 +136,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "diagnoser.serve_cli",
+                "diagnoser.daemon.command",
                 "--config",
                 str(work / "config.yaml"),
                 "--log-format",

@@ -26,7 +26,7 @@ def _mount_probe_command() -> None:
 
 
 def _mount_serve_command() -> None:
-    from diagnoser.serve_cli import serve_command
+    from diagnoser.daemon.command import serve_command
 
     app.command("serve")(serve_command)
 

@@ -227,7 +227,7 @@ def _diagnose_with_spinner(
         if probe_runner is not None:
             runner = probe_runner
 
-            async def probe() -> ProbeResult:
+            async def probe() -> ProbeResult | None:
                 try:
                     return await runner()
                 finally:

@@ -32,8 +32,8 @@ __all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis", "wi
 
 log = logging.getLogger(__name__)
 
-#: Runs the probe for this diagnosis and returns its result; set by the caller.
-ProbeRunner = Callable[[], Awaitable[ProbeResult]]
+#: Runs the probe for this diagnosis and returns its result (the daemon: the latest, if any).
+ProbeRunner = Callable[[], Awaitable[ProbeResult | None]]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Delivering the outbox to Slack: in order, once, without ever holding up a diagnosis.
 
 The daemon's *outbox* job calls :meth:`OutboxDelivery.flush`; the diagnose job only queues
-(:meth:`diagnoser.state.StateStore.reconcile`) and wakes the job up, so a slow, rate-limiting or
+(:meth:`diagnoser.daemon.state.StateStore.reconcile`) and wakes the job up, so a slow, rate-limiting or
 absent Slack never delays a diagnosis. One flush takes the entries that are due, oldest first,
 and stops at the first one that must wait, so messages keep their order:
 
@@ -39,9 +39,9 @@ from typing import Protocol
 from prometheus_client import Counter
 
 from diagnoser.config import SlackSettings
+from diagnoser.daemon.state import NotificationKind, OutboxEntry, StateStore
 from diagnoser.notify.slack import SlackMessage
 from diagnoser.notify.slack_sender import SlackDelivery, SlackSender, SlackSendError
-from diagnoser.state import NotificationKind, OutboxEntry, StateStore
 
 __all__ = ["DeliveryMetrics", "OutboxDelivery", "backoff_s"]
 
@@ -51,7 +51,7 @@ _CHANNEL_KEY = "slack_channel_id"
 
 
 class DeliveryMetrics(Protocol):
-    """The counters delivery moves (:class:`diagnoser.daemon_http.DaemonMetrics` has them)."""
+    """The counters delivery moves (:class:`diagnoser.daemon.metrics.DaemonMetrics` has them)."""
 
     notifications_sent: Counter
     notifications_failed: Counter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from diagnoser.daemon_http import alert_scopes, finding_in_scope
+from diagnoser.daemon.alerts import alert_scopes, finding_in_scope
 from diagnoser.models import Evidence, Finding, Severity
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.daemon import Daemon
-from diagnoser.state import StateStore
+from diagnoser.daemon.state import StateStore
 from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.fixtures.slack_server import CHANNEL_ID, SlackFixtureServer
 
@@ -141,6 +141,6 @@ async def test_slack_down_queues_in_order_and_delivers_after_restart(
 
 
 def _fingerprints(store: StateStore) -> list[str]:
-    from diagnoser.state import fingerprint
+    from diagnoser.daemon.state import fingerprint
 
     return [fingerprint(f) for f in store.active_findings()]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from diagnoser.config import KubernetesSettings, LeaderElectionSettings
-from diagnoser.leader import LeaseElector, SoleLeader, elector_for
+from diagnoser.daemon.leader import LeaseElector, SoleLeader, elector_for
 from tests.fixtures.k8s_server import Cluster, Fault, K8sFixtureServer
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/diagnoser/leases"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from diagnoser.config import load_settings
-from diagnoser.logs import MASK, configure_logging, secret_values
+from diagnoser.daemon.logs import MASK, configure_logging, secret_values
 
 SECRETS = {
     "slack": {"token": "xoxb-1234-abcdef-secret", "channel": "#oncall"},

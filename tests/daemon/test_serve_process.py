@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from diagnoser.state import NotificationKind, StateStore
+from diagnoser.daemon.state import NotificationKind, StateStore
 from diagnoser.testing.prometheus import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, write_rule
 from tests.fixtures.slack_server import SlackFixtureServer
@@ -33,7 +33,7 @@ def serve_argv() -> list[str]:
 
     if any(command.name == "serve" for command in app.registered_commands):
         return [sys.executable, "-m", "diagnoser", "serve"]
-    return [sys.executable, "-m", "diagnoser.serve_cli"]
+    return [sys.executable, "-m", "diagnoser.daemon.command"]
 
 
 class HangingServer:

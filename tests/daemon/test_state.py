@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from diagnoser.daemon.state import NotificationKind, StateStore, fingerprint
 from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
-from diagnoser.state import NotificationKind, StateStore, fingerprint
 
 AT = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -109,7 +109,8 @@ def test_outbox_is_ordered_survives_reopening_and_remembers_threads(tmp_path: Pa
     assert [(e.kind.value, e.finding.labels["pool"] if e.finding else None) for e in pending] == [
         ("new", "a"), ("new", "b"), ("resolved", "a"), ("alert_report", None)
     ]
-    reopened.mark_failed(pending[0].id, "Slack unreachable")
+    reopened.begin_attempt(pending[0].id, marker="dgn-1")
+    reopened.attempt_failed(pending[0].id, "Slack unreachable", retry_at=0, in_doubt=False)
     assert reopened.pending()[0].attempts == 1
     reopened.mark_sent(pending[0].id, channel="C1", ts="1700000000.000101")
     assert reopened.thread_of(fingerprint(finding(pool="a"))) == ("C1", "1700000000.000101")

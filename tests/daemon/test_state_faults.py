@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.daemon import Daemon
-from diagnoser.state import StateStore
+from diagnoser.daemon.state import StateStore
 from diagnoser.testing.prometheus import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.daemon.test_serve_process import _healthy, _start, _wait, serve_argv

@@ -266,7 +266,7 @@ async def test_expired_answers_are_not_kept(serve, source_for) -> None:
 
 def test_leader_election_loads_the_same_credentials(tmp_path: Path) -> None:
     from diagnoser.config import LeaderElectionSettings
-    from diagnoser.leader import LeaseElector
+    from diagnoser.daemon.leader import LeaseElector
 
     with pytest.raises(ConfigError, match=r"^leader election: cannot load kubeconfig: "):
         LeaseElector.from_settings(

@@ -19,7 +19,6 @@ always leads. ::
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import time
@@ -27,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from diagnoser.config import KubernetesSettings, LeaderElectionSettings
+from diagnoser.sources.base import run_blocking
 from diagnoser.sources.kubernetes.credentials import load_credentials
 
 __all__ = ["LeaderElector", "LeaseElector", "SoleLeader", "elector_for"]
@@ -46,6 +46,8 @@ class LeaderElector(Protocol):
 
     async def release(self) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class SoleLeader:
     """The only instance there is: always the leader."""
@@ -61,6 +63,9 @@ class SoleLeader:
         return True
 
     async def release(self) -> None:
+        return None
+
+    def close(self) -> None:
         return None
 
 
@@ -99,7 +104,7 @@ class LeaseElector:
     async def try_acquire_or_renew(self) -> bool:
         """One round of the election; True when this replica holds the Lease afterwards."""
         try:
-            won = await asyncio.to_thread(self._round)
+            won = await run_blocking(self._round)
         except Exception as exc:  # API unreachable, 403, garbage: stay (or become) a follower
             log.warning("leader election: %s: %s", type(exc).__name__, _short(exc))
             won = False
@@ -118,7 +123,7 @@ class LeaseElector:
             return
         self._renewed_at = None
         try:
-            await asyncio.to_thread(self._release)
+            await run_blocking(self._release)
             log.info("leader election: %s released the lease", self.identity)
         except Exception as exc:  # best effort: the Lease expires by itself anyway
             log.warning("leader election: could not release the lease: %s", _short(exc))

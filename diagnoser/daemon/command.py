@@ -5,7 +5,7 @@
         --state /var/lib/diagnoser/state.sqlite3
 
 It stops gracefully on SIGTERM or SIGINT (exit 0); a configuration error exits 2 before anything
-starts. ``python -m diagnoser.serve_cli`` runs the same command on its own.
+starts. ``python -m diagnoser.daemon.command`` runs the same command on its own.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Annotated, Any
 import typer
 
 from diagnoser.config import check_inputs, configured_sources, load_settings
+from diagnoser.daemon.logs import configure_logging
 from diagnoser.errors import ConfigError, DiagnoserError
-from diagnoser.logs import configure_logging
 
 __all__ = ["LogFormat", "main", "serve_command"]
 

@@ -1,0 +1,240 @@
+"""The always-on diagnoser: opens its state, builds its sources once, serves HTTP and runs its jobs.
+
+:class:`Daemon` puts the parts together and answers what the HTTP side asks (readiness, the
+active findings, an Alertmanager webhook). The jobs (:mod:`~diagnoser.daemon.jobs`) run on one
+event loop through :class:`~diagnoser.daemon.schedule.JobSchedule`: *diagnose* at
+``daemon.diagnose_interval_s``, *probe* at ``daemon.probe_interval_s`` when probe files are
+configured, *outbox* at ``daemon.outbox_retry_s`` and whenever something is queued, *leader* at
+the Lease's renew interval when leader election is on. Only the leader with Slack configured
+queues and sends; the others keep their state in step, silently.
+
+On SIGTERM or SIGINT (:func:`run_daemon`) the schedule stops starting jobs, in-flight runs get
+``daemon.shutdown_grace_s`` to finish and are then cancelled, the Lease is released and the
+state file is checkpointed and closed. ::
+
+    daemon = Daemon(settings)
+    await daemon.start()
+    ...
+    await daemon.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from diagnoser.config import Settings
+from diagnoser.daemon.alerts import AlertReceiver
+from diagnoser.daemon.http import HttpServer
+from diagnoser.daemon.jobs import DiagnoseJob, LeaderJob, OutboxJob, ProbeJob
+from diagnoser.daemon.leader import LeaderElector, SoleLeader, elector_for
+from diagnoser.daemon.metrics import DaemonMetrics
+from diagnoser.daemon.schedule import GuardedRun, JobSchedule
+from diagnoser.daemon.state import StateStore
+from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
+from diagnoser.models import Diagnosis, Finding
+from diagnoser.notify.delivery import OutboxDelivery
+from diagnoser.notify.entries import render_entry
+from diagnoser.notify.slack_sender import SlackSender
+from diagnoser.ruleset import RuleSet
+
+__all__ = ["Daemon", "run_daemon"]
+
+log = logging.getLogger(__name__)
+
+
+class Daemon:
+    """The always-on diagnoser; one instance per process.
+
+    The rules, the Slack sender and the leader elector can be passed in; whatever is not is
+    built from ``settings`` (no Slack configured: state is kept, nothing is sent).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        rules: RuleSet | None = None,
+        sender: SlackSender | None = None,
+        elector: LeaderElector | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = settings.daemon
+        self.metrics = DaemonMetrics()
+        self.rules = rules
+        self.sender = sender
+        self.elector = elector
+        self.state: StateStore | None = None
+        self.sources: BuiltSources | None = None
+        self.schedule = JobSchedule(
+            misfire_grace_s=self.config.misfire_grace_s, jitter_s=self.config.jitter_s
+        )
+        self.probes = ProbeJob(settings, self.metrics)
+        self.diagnoses = DiagnoseJob(self)
+        self.alerts = AlertReceiver(self)
+        self.http = HttpServer(self, self.config)
+        self.outbox: OutboxJob | None = None
+        self._stopping = False
+
+    @property
+    def runs(self) -> int:
+        """Scheduled diagnoses finished so far."""
+        return self.diagnoses.runs
+
+    @property
+    def http_port(self) -> int | None:
+        """The port ``/healthz``, ``/metrics``... are served on, once started."""
+        return self.http.port
+
+    @property
+    def notifies(self) -> bool:
+        """True when this replica sends: it leads and Slack is configured."""
+        return self.sender is not None and self.elector is not None and self.elector.is_leader
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the state, build sources, serve HTTP and start the jobs (the first runs at once)."""
+        state = self.state = StateStore(Path(self.config.state_path))
+        self._build_parts(state)
+        assert self.elector is not None
+        assert self.rules is not None
+        assert self.outbox is not None
+        leader = LeaderJob(self, self.elector)
+        await leader()
+        await self.http.start()
+        cfg = self.config
+        self.schedule.add("diagnose", self.diagnoses, every_s=cfg.diagnose_interval_s)
+        if cfg.probe_files:
+            self.schedule.add("probe", self.probes, every_s=cfg.probe_interval_s)
+        # What an earlier life of the daemon left queued goes out at once.
+        self.schedule.add(OutboxJob.JOB_ID, self.outbox, every_s=cfg.outbox_retry_s, jitter=False)
+        if not isinstance(self.elector, SoleLeader):
+            renew_s = cfg.leader_election.renew_interval_s
+            self.schedule.add("leader", leader, every_s=renew_s, jitter=False, first_run_now=False)
+        self.schedule.start()
+        self.metrics.notifications_queued.set(state.pending_count())
+        log.info(
+            "daemon started",
+            extra={
+                "rules": len(self.rules.rules),
+                "diagnose_interval_s": cfg.diagnose_interval_s,
+                "listen": f"{self.http.host}:{self.http.port}",
+                "state": str(cfg.state_path),
+                "slack": self.sender.target if self.sender else "not configured",
+                "identity": self.elector.identity,
+            },
+        )
+
+    def _build_parts(self, state: StateStore) -> None:
+        """Whatever was not passed in: rules, sources, the Slack sender, the leader elector."""
+        if self.rules is None:
+            self.rules = load_ruleset(self.settings)
+        for problem in self.rules.problems:
+            log.warning("rule not loaded: %s", problem)
+        self.sources = build_sources(self.settings)
+        if self.sender is None:
+            self.sender = SlackSender.from_settings(self.settings.slack)
+        delivery = None
+        if self.sender is not None:
+            delivery = OutboxDelivery(state, self.sender, self.metrics, render_entry, self.settings.slack)
+        self.outbox = OutboxJob(self, delivery, self.schedule)
+        if self.elector is None:
+            self.elector = elector_for(self.settings.kubernetes, self.config.leader_election)
+
+    async def stop(self) -> None:
+        """Stop scheduling, let in-flight work finish within the grace period, flush and close."""
+        if self._stopping:
+            return
+        self._stopping = True
+        started = time.monotonic()
+        await self.schedule.drain(self.config.shutdown_grace_s)
+        if self.elector is not None:
+            await self.elector.release()
+            self.elector.close()
+        await self.http.close()
+        if self.sources is not None:
+            await self.sources.aclose()
+        if self.state is not None:
+            queued = self.state.pending_count()
+            self.state.close()
+            log.info(
+                "daemon stopped", extra={"seconds": round(time.monotonic() - started, 3), "queued": queued}
+            )
+
+    # --- what the jobs and the alert receiver share -------------------------------------------
+
+    async def diagnose(self, trigger: str) -> Diagnosis:
+        """One diagnosis over the daemon's sources with the newest probe result, counted in ``/metrics``."""
+        started = time.perf_counter()
+        diagnosis = await run_diagnosis(
+            self.settings, rules=self.rules, probe=self.probes.latest, sources=self.sources
+        )
+        self.metrics.record_diagnosis(diagnosis, time.perf_counter() - started, trigger=trigger)
+        return diagnosis
+
+    async def diagnose_job(self) -> Diagnosis:
+        """One scheduled diagnosis: evaluate, update state, queue and deliver notifications."""
+        return await self.diagnoses()
+
+    def wake_outbox(self) -> None:
+        """Have the outbox job run now, without waiting for it (a diagnosis never waits for Slack)."""
+        if self.outbox is not None:
+            self.outbox.wake()
+
+    def guarded(self, name: str, func: Callable[[], Awaitable[Any]]) -> GuardedRun:
+        """``func`` as a run that shutdown waits for and whose failure is logged, never fatal."""
+        return self.schedule.guarded(name, func)
+
+    # --- what the HTTP side asks --------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready while the schedule runs and the last diagnosis is recent enough."""
+        if self._stopping:
+            return False, "shutting down"
+        if not self.schedule.running:
+            return False, "scheduler not running"
+        last = self.diagnoses.last_finished
+        if last is None:
+            return False, "no diagnosis finished yet"
+        bound = self.config.ready_max_age_s or (
+            3 * self.config.diagnose_interval_s + self.settings.deadline_s
+        )
+        age = time.monotonic() - last
+        if age > bound:
+            return False, f"last diagnosis {age:.0f}s ago (bound {bound:g}s)"
+        return True, f"ok: last diagnosis {age:.1f}s ago"
+
+    def active_findings(self) -> list[Finding]:
+        return self.state.active_findings() if self.state is not None else []
+
+    def alertmanager_token(self) -> str | None:
+        token = self.config.alertmanager_token
+        return token.get_secret_value() if token is not None else None
+
+    def accept_alert(self, payload: Mapping[str, Any]) -> tuple[str, str]:
+        """Diagnose for an Alertmanager group in the background (:meth:`AlertReceiver.accept`)."""
+        return self.alerts.accept(payload)
+
+
+
+async def run_daemon(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    daemon = Daemon(settings)
+    try:
+        await daemon.start()
+        await stop.wait()
+        log.info("stop requested: shutting down")
+    finally:
+        await daemon.stop()
