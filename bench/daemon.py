@@ -136,7 +136,8 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "diagnoser.daemon.command",
+                "diagnoser",
+                "serve",
                 "--config",
                 str(work / "config.yaml"),
                 "--log-format",

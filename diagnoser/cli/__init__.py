@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-from diagnoser.cli import capacity, now, rules
+from diagnoser.cli import capacity, now, rules, serve
 from diagnoser.cli.app import app
 
 __all__ = ["app", "main"]
 
 # Importing a command's module registers it; the names keep the imports visibly used.
-_COMMANDS = (now, rules, capacity)
+_COMMANDS = (now, rules, capacity, serve)
 
 
 def _mount_probe_command() -> None:
@@ -25,14 +25,7 @@ def _mount_probe_command() -> None:
     app.command("probe")(probe_command)
 
 
-def _mount_serve_command() -> None:
-    from diagnoser.daemon.command import serve_command
-
-    app.command("serve")(serve_command)
-
-
 _mount_probe_command()
-_mount_serve_command()
 
 
 def main() -> None:

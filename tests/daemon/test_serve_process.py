@@ -28,12 +28,8 @@ pytestmark = pytest.mark.integration
 
 
 def serve_argv() -> list[str]:
-    """``python -m diagnoser serve`` once the command is mounted, else the module on its own."""
-    from diagnoser.cli import app
-
-    if any(command.name == "serve" for command in app.registered_commands):
-        return [sys.executable, "-m", "diagnoser", "serve"]
-    return [sys.executable, "-m", "diagnoser.daemon.command"]
+    """``diagnose serve``, as the image's entrypoint runs it."""
+    return [sys.executable, "-m", "diagnoser", "serve"]
 
 
 class HangingServer:

@@ -5,7 +5,7 @@
         --state /var/lib/diagnoser/state.sqlite3
 
 It stops gracefully on SIGTERM or SIGINT (exit 0); a configuration error exits 2 before anything
-starts. ``python -m diagnoser.daemon.command`` runs the same command on its own.
+starts.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from typing import Annotated, Any
 
 import typer
 
+from diagnoser.cli.app import app
 from diagnoser.config import check_inputs, configured_sources, load_settings
 from diagnoser.daemon.logs import configure_logging
 from diagnoser.errors import ConfigError, DiagnoserError
 
-__all__ = ["LogFormat", "main", "serve_command"]
+__all__ = ["LogFormat", "serve_command"]
 
 log = logging.getLogger("diagnoser.serve")
 
@@ -35,6 +36,7 @@ class LogFormat(StrEnum):
     json = "json"
 
 
+@app.command("serve")
 def serve_command(
     config: Annotated[
         Path | None,
@@ -104,13 +106,3 @@ def _exit_without_waiting_for_blocked_threads() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def main() -> None:
-    """Run ``serve_command`` as a program of its own."""
-    typer.run(serve_command)
-
-
-if __name__ == "__main__":
-    main()
-    sys.exit(0)
