@@ -140,7 +140,8 @@ def _detail(result: ProbeResult, params: ProbeParams) -> str:
                 shown.append(f"{example.status} {body}" if body else f"{example.status} with an empty body")
             else:
                 shown.append(example.error or example.kind)
-        counts = ", ".join(f"{k} {getattr(result.failures, k)}" for k in sorted(kinds))
+        failures = result.failures.model_dump()
+        counts = ", ".join(f"{k} {failures[k]}" for k in sorted(kinds))
         sample = "; ".join(dict.fromkeys(shown)) or "no sample kept"
         return f"{sample} ({counts} of {result.finished} requests)"
     if params.field.startswith("phase_share_p99"):
@@ -171,7 +172,7 @@ async def probe_check(params: ProbeParams, ctx: CheckContext) -> CheckResult:
     if value is None:
         return []
     if params.per is not None:
-        denominator = getattr(result, params.per)
+        denominator = read_field(result, params.per)
         if not denominator:
             return []
         value = value / denominator

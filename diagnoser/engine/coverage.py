@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
+from diagnoser.checks.probe import ProbeParams
 from diagnoser.config import Settings
 from diagnoser.engine import RuleOutcome
 from diagnoser.models import (
@@ -107,14 +108,11 @@ def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str
         return None
     variables = rule.variables(settings)
     for condition in rule.when:
-        if condition.kind.name != "probe":
-            continue
         try:
             params = resolve_condition(condition.kind, condition.raw_params, variables)
         except (MissingVariable, ValueError):
             continue
-        needed = getattr(params, "min_requests", 0)
-        if finished < needed:
+        if isinstance(params, ProbeParams) and finished < params.min_requests:
             return f"the probe finished only {finished} requests (below the rules' min_requests)"
     return None
 
