@@ -99,13 +99,18 @@ async def _in_worker_processes(chunks: list[SlowlogChunk], processes: int) -> li
             callback=lambda results: deliver(results, None),
             error_callback=lambda error: deliver(None, error),
         )
-        return await answer
-    finally:
-        _terminate_soon(pool)
+        results = await answer
+    except BaseException:
+        _terminate_soon(pool)  # cancelled (the deadline) or failed: nothing to wait for
+        raise
+    # Done: the idle workers are stopped and reaped before returning, so what they used is
+    # accounted to this process (``RUSAGE_CHILDREN``) and no worker outlives the call.
+    await run_blocking(pool.terminate)
+    return results
 
 
 def _terminate_soon(pool: Pool) -> None:
     """Kill the pool's workers without making the event loop wait for them to exit."""
-    # Pool.terminate joins its handler threads and reaped workers: a few milliseconds that are
+    # Pool.terminate joins its handler threads and reaps the workers: a few milliseconds that are
     # spent in a daemon thread, so a cancelled caller returns at once.
     threading.Thread(target=pool.terminate, name="diagnoser-slowlog-pool-stop", daemon=True).start()
