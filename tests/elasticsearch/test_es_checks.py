@@ -176,9 +176,14 @@ async def test_expensive_query_window(es_fixtures: Path) -> None:
     assert _rows(await _run(None, "expensive_query", ctx, window_minutes=60))
 
 
-async def test_expensive_query_needs_a_slow_log() -> None:
+async def test_expensive_query_needs_a_slow_log(serve: ServeFactory, source_for: SourceFactory) -> None:
     with pytest.raises(SourceNotConfigured):
         await _run(None, "expensive_query")
+    # A cluster without slow log files or index: the rule is skipped, the cluster is not asked.
+    server = serve("expensive_query")
+    with pytest.raises(SourceNotConfigured):
+        await _run(source_for(server), "expensive_query")
+    assert server.requests == []
 
 
 async def test_unreadable_slowlog_is_a_source_error(tmp_path: Path) -> None:

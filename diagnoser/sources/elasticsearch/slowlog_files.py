@@ -2,7 +2,7 @@
 
 Directories are expanded into their slow log files (``*slowlog*``, rotated ``.gz`` included);
 each file is streamed line by line, entries outside the time window are counted and skipped, and
-unreadable files are recorded in the summary rather than raised::
+unreadable files are recorded in the summary (``OSError`` only when none could be read)::
 
     summary = summarise_slowlog_files([Path("/var/log/elasticsearch")], since=an_hour_ago)
 
