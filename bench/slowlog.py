@@ -18,6 +18,7 @@ Goal (issue 4): under 30 s and under 300 MB.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gzip
 import json
 import os
@@ -166,10 +167,11 @@ def generate(directory: Path, lines: int, *, unique: bool = False, seed: int = 4
 
 def analyse(directory: Path, workers: int | None) -> None:
     """Run in a fresh process: analyse ``directory`` and print one JSON line of figures."""
-    from diagnoser.elasticsearch.slowlog import summarise_slowlog_files
+    # The path a diagnosis takes: planned in a thread, big logs spread over worker processes.
+    from diagnoser.sources.elasticsearch.slowlog_reading import read_slowlog_files
 
     started = time.perf_counter()
-    summary = summarise_slowlog_files([directory], workers=workers)
+    summary = asyncio.run(read_slowlog_files([directory], workers=workers))
     seconds = time.perf_counter() - started
     # Linux reports KiB. Worker processes (if any) are counted by their largest one; the sum of
     # this process and every worker at its peak is the upper bound printed.

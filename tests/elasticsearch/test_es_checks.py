@@ -1,4 +1,4 @@
-"""The ``es`` check kind, called directly on each fixture scenario: what holds, with which evidence."""
+"""The ``es.<check>`` kinds, called directly on each fixture scenario: what holds, with which evidence."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+import yaml
 
-from diagnoser.checks.es import EsParams, es_check
 from diagnoser.checks.registry import CheckContext, check_kinds
 from diagnoser.config import ElasticsearchSettings, Settings
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
+from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
 from diagnoser.sources.elasticsearch import ElasticsearchSource
 from tests.fixtures.es_server import EsFixtureServer
@@ -24,17 +24,30 @@ ServeFactory = Callable[..., EsFixtureServer]
 SourceFactory = Callable[..., ElasticsearchSource]
 
 AT = datetime(2026, 11, 29, 21, 0, tzinfo=UTC)
+CHECKS = (
+    "hot_threads",
+    "heap",
+    "thread_pool_rejections",
+    "expensive_query",
+    "shard_sizing",
+    "fielddata_text",
+    "node_stats",
+)
 
 
 def _ctx(source: Any = None, **es_settings: Any) -> CheckContext:
-    settings = Settings(elasticsearch=ElasticsearchSettings(**es_settings))
-    return CheckContext(at=AT, settings=settings, sources=Sources(elasticsearch=source))
+    """A context; without a source, the one the runner would build from ``es_settings``."""
+    es = ElasticsearchSettings(**es_settings)
+    if source is None:
+        source = ElasticsearchSource.from_settings(es)
+    return CheckContext(at=AT, settings=Settings(elasticsearch=es), sources=Sources(elasticsearch=source))
 
 
 async def _run(
     source: Any, check: str, ctx: CheckContext | None = None, **params: Any
 ) -> list[Evidence] | SourceError:
-    return await es_check(EsParams.model_validate({"check": check, **params}), ctx or _ctx(source))
+    kind = check_kinds()[f"es.{check}"]
+    return await kind.run(kind.params.model_validate(params), ctx or _ctx(source))
 
 
 def _rows(result: list[Evidence] | SourceError) -> list[Evidence]:
@@ -42,10 +55,13 @@ def _rows(result: list[Evidence] | SourceError) -> list[Evidence]:
     return result
 
 
-def test_registered_as_es_kind() -> None:
-    kind = check_kinds()["es"]
-    assert kind.params is EsParams
-    assert kind.reads == ("elasticsearch",)
+def test_registered_as_es_kinds() -> None:
+    kinds = check_kinds()
+    assert sorted(name for name in kinds if name.startswith("es.")) == sorted(f"es.{c}" for c in CHECKS)
+    for check in CHECKS:
+        assert kinds[f"es.{check}"].reads == ("elasticsearch",)
+    # Each check validates against its own parameters, not one model for all.
+    assert len({kinds[f"es.{check}"].params for check in CHECKS}) == len(CHECKS)
 
 
 async def test_hot_threads_merge(serve: ServeFactory, source_for: SourceFactory) -> None:
@@ -144,8 +160,8 @@ async def test_expensive_query_from_files(es_fixtures: Path) -> None:
 
 
 async def test_expensive_query_from_the_index(serve: ServeFactory, source_for: SourceFactory) -> None:
-    source = source_for(serve("expensive_query"))
-    rows = _rows(await _run(source, "expensive_query", _ctx(source, slowlog_index="slowlogs-*")))
+    source = source_for(serve("expensive_query"), slowlog_index="slowlogs-*")
+    rows = _rows(await _run(source, "expensive_query"))
     assert [(r.labels["index"], r.labels["anti_patterns"]) for r in rows] == [
         ("logs-app", "regexp,track_total_hits")
     ]
@@ -160,9 +176,14 @@ async def test_expensive_query_window(es_fixtures: Path) -> None:
     assert _rows(await _run(None, "expensive_query", ctx, window_minutes=60))
 
 
-async def test_expensive_query_needs_a_slow_log() -> None:
+async def test_expensive_query_needs_a_slow_log(serve: ServeFactory, source_for: SourceFactory) -> None:
     with pytest.raises(SourceNotConfigured):
         await _run(None, "expensive_query")
+    # A cluster without slow log files or index: the rule is skipped, the cluster is not asked.
+    server = serve("expensive_query")
+    with pytest.raises(SourceNotConfigured):
+        await _run(source_for(server), "expensive_query")
+    assert server.requests == []
 
 
 async def test_unreadable_slowlog_is_a_source_error(tmp_path: Path) -> None:
@@ -260,8 +281,18 @@ async def test_api_checks_are_skipped_in_slowlog_only_mode(tmp_path: Path) -> No
         ({"check": "hot_threads", "min_share": 2}, "min_share"),
     ],
 )
-def test_params_validation(params: dict[str, Any], message: str) -> None:
-    with pytest.raises(
-        ValidationError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
-    ):
-        EsParams.model_validate(params)
+def test_params_validation(tmp_path: Path, params: dict[str, Any], message: str) -> None:
+    # Through the rule loader: what a rule author sees for a bad ``es:`` condition.
+    rule = {
+        "cause": "es_heap_pressure",
+        "severity": "warning",
+        "title": "t",
+        "summary": "s",
+        "when": [{"es": params}],
+    }
+    (tmp_path / "elasticsearch").mkdir()
+    (tmp_path / "elasticsearch" / "bad.yaml").write_text(yaml.safe_dump(rule))
+    ruleset = load_rules([tmp_path], include_builtin=False)
+    assert not ruleset.rules
+    assert len(ruleset.problems) == 1
+    assert message in str(ruleset.problems[0])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.elasticsearch.hot_threads import (
+from diagnoser.sources.elasticsearch.hot_threads import (
     classify_thread,
     parse_hot_threads,
     parse_time_value_ms,

@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagnoser.elasticsearch.hot_threads import HotThreadsNode, parse_hot_threads, pool_shares
+from diagnoser.sources.elasticsearch.hot_threads import HotThreadsNode, parse_hot_threads, pool_shares
 
 _SAMPLES = [
     p.read_text(encoding="utf-8")

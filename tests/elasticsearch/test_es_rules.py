@@ -63,6 +63,12 @@ def _settings(url: str | None, slowlog: Path | None = None, slowlog_index: str |
     )
 
 
+def _source(source_for: SourceFactory, target: EsFixtureServer | str, settings: Settings) -> ElasticsearchSource:
+    """The source the runner builds from ``settings``, pointed at ``target``: slow logs included."""
+    es = settings.elasticsearch
+    return source_for(target, slowlog_paths=es.slowlog_paths, slowlog_index=es.slowlog_index)
+
+
 async def _diagnose(rules: list[Rule], settings: Settings, source: ElasticsearchSource | None) -> Diagnosis:
     return await diagnose(rules, settings, Sources(elasticsearch=source), at=AT)
 
@@ -136,7 +142,7 @@ async def test_each_cause_on_its_fixture(
         es_fixtures / "slowlog" / f"{slowlog}_index_search_slowlog.json",
         slowlog_index="slowlogs-*",
     )
-    diagnosis = await _diagnose(rules, settings, source_for(server))
+    diagnosis = await _diagnose(rules, settings, _source(source_for, server, settings))
     assert diagnosis.errors == []
     found = _by_rule(diagnosis)
     assert set(found) == set(expected)
@@ -175,7 +181,7 @@ async def test_healthy_cluster_reports_nothing(
     settings = _settings(
         server.url, es_fixtures / "slowlog" / "healthy_index_search_slowlog.json", slowlog_index="slowlogs-*"
     )
-    diagnosis = await _diagnose(rules, settings, source_for(server))
+    diagnosis = await _diagnose(rules, settings, _source(source_for, server, settings))
     assert diagnosis.findings == []
     assert diagnosis.errors == []
     assert diagnosis.exit_code == 0
@@ -191,7 +197,7 @@ async def test_unreachable_or_unauthorized_cluster_is_an_error_and_the_slowlog_s
 ) -> None:
     url = closed_port_url() if failure == "refused" else serve("hot_threads", failure).url
     settings = _settings(url, es_fixtures / "slowlog" / "prod-search_index_search_slowlog.json")
-    diagnosis = await _diagnose(rules, settings, source_for(url))
+    diagnosis = await _diagnose(rules, settings, _source(source_for, url, settings))
     assert diagnosis.errors
     assert {e.source for e in diagnosis.errors} == {"elasticsearch"}
     marker = "cannot connect" if failure == "refused" else f"HTTP {failure}"

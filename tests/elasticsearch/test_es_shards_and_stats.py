@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from diagnoser.elasticsearch.node_stats import field_value, gc_rates, parse_node_stats
-from diagnoser.elasticsearch.shards import GB, recommend_shard_count, shard_sizing
+from diagnoser.sources.elasticsearch.node_stats import field_value, gc_rates, parse_node_stats
+from diagnoser.sources.elasticsearch.shards import GB, recommend_shard_count, shard_sizing
 
 
 @pytest.mark.parametrize(

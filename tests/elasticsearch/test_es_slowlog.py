@@ -10,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.elasticsearch import slowlog
-from diagnoser.elasticsearch.slowlog import (
-    ANTI_PATTERNS,
-    analyse_source,
-    parse_slowlog_line,
-    parse_slowlog_record,
-    summarise_slowlog_files,
-    summarise_slowlog_records,
-)
+from diagnoser.sources.elasticsearch import slowlog_summary
+from diagnoser.sources.elasticsearch.slowlog_entries import parse_slowlog_line, parse_slowlog_record
+from diagnoser.sources.elasticsearch.slowlog_files import summarise_slowlog_files, summarise_slowlog_records
+from diagnoser.sources.elasticsearch.slowlog_queries import ANTI_PATTERNS, analyse_source
 
 
 def _slowlogs(es_fixtures: Path) -> Path:
@@ -274,7 +269,7 @@ def test_truncated_gzip_keeps_what_was_read(tmp_path: Path, es_fixtures: Path) -
 
 
 def test_shape_count_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slowlog, "MAX_SHAPES", 3)
+    monkeypatch.setattr(slowlog_summary, "MAX_SHAPES", 3)
     records = [
         {
             "type": "index_search_slowlog",

@@ -11,9 +11,9 @@ import pytest
 from elasticsearch import AsyncElasticsearch, BadRequestError
 
 from diagnoser.config import ElasticsearchSettings
-from diagnoser.elasticsearch.hot_threads import HotThreadsNode
 from diagnoser.models import SourceError
 from diagnoser.sources.elasticsearch import ElasticsearchSource
+from diagnoser.sources.elasticsearch.hot_threads import HotThreadsNode
 from tests.fixtures.es_server import EsFixtureServer, closed_port_url
 
 # Fixture factories from conftest.py: serve(scenario, mode) and source_for(server, **options).
@@ -61,19 +61,9 @@ async def test_node_stats_and_info(serve: ServeFactory, source_for: SourceFactor
 async def test_cat_apis_and_mappings(serve: ServeFactory, source_for: SourceFactory) -> None:
     server = serve("fielddata_text")
     source = source_for(server)
-    pools = await source.cat_thread_pool()
-    assert not isinstance(pools, SourceError)
-    assert {(r["node_name"], r["name"]) for r in pools} == {
-        ("es-node-1", "search"),
-        ("es-node-1", "write"),
-        ("es-node-2", "search"),
-        ("es-node-2", "write"),
-    }
-    assert all(isinstance(r["rejected"], str) for r in pools)  # cat values are strings, as in the real API
     shards = await source.cat_shards()
-    indices = await source.cat_indices()
     fielddata = await source.cat_fielddata()
-    for rows in (shards, indices, fielddata):
+    for rows in (shards, fielddata):
         assert not isinstance(rows, SourceError)
         assert rows
     assert not isinstance(shards, SourceError)
@@ -84,9 +74,6 @@ async def test_cat_apis_and_mappings(serve: ServeFactory, source_for: SourceFact
         "message": [("orders-2026.11", "text", True)],
         "customer_id": [("orders-2026.11", "keyword", False), ("products", "keyword", False)],
     }
-    health = await source.cluster_health()
-    assert not isinstance(health, SourceError)
-    assert health["status"] == "green"
 
 
 async def test_slowlog_index_documents(serve: ServeFactory, source_for: SourceFactory) -> None:
@@ -153,12 +140,9 @@ async def test_every_method_fails_softly(serve: ServeFactory, source_for: Source
         source.node_stats(),
         source.node_stats_sample(0.0),
         source.node_info(),
-        source.cat_thread_pool(),
         source.cat_shards(),
-        source.cat_indices(),
         source.cat_fielddata(),
         source.field_mappings(["x"]),
-        source.cluster_health(),
         source.slowlog_records("slowlogs-*"),
     ]
     results = await asyncio.gather(*calls)
@@ -199,9 +183,9 @@ async def test_concurrent_samples_share_one_pair_of_readings(
 
 async def test_api_key_and_basic_auth_headers(serve: ServeFactory, source_for: SourceFactory) -> None:
     server = serve("healthy")
-    await source_for(server, api_key="a2V5OnNlY3JldA==").cluster_health()
+    await source_for(server, api_key="a2V5OnNlY3JldA==").node_stats()
     assert server.requests[-1][2]["authorization"] == "ApiKey a2V5OnNlY3JldA=="
-    await source_for(server, username="diagnoser", password="s3cret").cluster_health()
+    await source_for(server, username="diagnoser", password="s3cret").node_stats()
     expected = base64.b64encode(b"diagnoser:s3cret").decode()
     assert server.requests[-1][2]["authorization"] == f"Basic {expected}"
 
@@ -234,7 +218,7 @@ async def test_client_follows_the_event_loop(serve: ServeFactory) -> None:
     def run_once() -> object:
         async def go() -> object:
             try:
-                return await source.cluster_health()
+                return await source.node_stats()
             finally:
                 await source.close()
 

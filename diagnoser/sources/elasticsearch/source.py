@@ -1,4 +1,4 @@
-"""Read-only Elasticsearch source: hot threads, node stats, cat APIs, mappings and slow log documents.
+"""Read-only Elasticsearch source: hot threads, node stats, cat APIs, mappings and slow logs (files, index).
 
 Built on the official client's ``AsyncElasticsearch`` (aiohttp transport): the engine evaluates
 rules concurrently on one event loop under one deadline, and a native coroutine is cancelled
@@ -29,16 +29,21 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from diagnoser.config import ElasticsearchSettings
-from diagnoser.elasticsearch.hot_threads import HotThreadsNode, parse_hot_threads
-from diagnoser.elasticsearch.node_stats import NodeStats, parse_node_stats
 from diagnoser.models import SourceError
 from diagnoser.redact import redact_url, scrub_text
+from diagnoser.sources.base import SingleFlight
+from diagnoser.sources.elasticsearch.hot_threads import HotThreadsNode, parse_hot_threads
+from diagnoser.sources.elasticsearch.node_stats import NodeStats, NodeStatsSample, parse_node_stats
+from diagnoser.sources.elasticsearch.slowlog_files import summarise_slowlog_records
+from diagnoser.sources.elasticsearch.slowlog_reading import SlowlogRead, read_slowlog_files
+from diagnoser.sources.elasticsearch.slowlog_summary import SlowlogSummary
 
-__all__ = ["COMPAT_JSON", "ElasticsearchSource", "NodeStatsSample"]
+__all__ = ["COMPAT_JSON", "ElasticsearchSource"]
 
 SOURCE = "elasticsearch"
 #: Media type understood by 8.x and 9.x servers alike.
@@ -50,40 +55,6 @@ _NODE_STATS_PATH = "/_nodes/stats/jvm,thread_pool,breakers,os,process,fs,indices
 _CACHE_TTL_S = 5.0
 
 T = TypeVar("T")
-
-
-class NodeStatsSample:
-    """Two node stats readings ``elapsed_s`` apart: the basis of every rate diagnoser reports."""
-
-    def __init__(self, first: list[NodeStats], second: list[NodeStats], elapsed_s: float) -> None:
-        self.first = first
-        self.second = second
-        self.elapsed_s = elapsed_s
-
-
-class _Cache:
-    """Coalesces identical requests: concurrent callers await one task, later ones reuse its result."""
-
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
-        self._entries: dict[str, tuple[float, asyncio.Task[Any]]] = {}
-
-    async def get(self, key: str, make: Callable[[], Awaitable[T]]) -> T:
-        now = time.monotonic()
-        entry = self._entries.get(key)
-        if entry is not None and (not entry[1].done() or now - entry[0] < self.ttl_s):
-            result: T = await asyncio.shield(entry[1])
-            return result
-
-        async def run() -> T:
-            return await make()
-
-        task = asyncio.ensure_future(run())
-        self._entries[key] = (now, task)
-        return await asyncio.shield(task)
-
-    def clear(self) -> None:
-        self._entries.clear()
 
 
 def _error_reason(body: Any) -> str:
@@ -120,21 +91,31 @@ class ElasticsearchSource:
         verify_certs: bool = True,
         timeout_s: float = 10.0,
         cache_ttl_s: float = _CACHE_TTL_S,
+        slowlog_paths: Sequence[Path] = (),
+        slowlog_index: str | None = None,
     ) -> None:
         self.urls = list(urls)
         self.timeout_s = timeout_s
+        self.slowlog_paths = list(slowlog_paths)
+        self.slowlog_index = slowlog_index
         self._api_key = api_key
         self._basic_auth = (username, password or "") if username else None
         self._ca_certs = ca_certs
         self._verify_certs = verify_certs
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._cache = _Cache(cache_ttl_s)
+        # Per event loop: a daemon running each diagnosis in a new loop starts afresh.
+        self._flight = SingleFlight(ttl_s=cache_ttl_s)
 
     @property
     def has_api(self) -> bool:
         """False in slow-log-only mode (files configured, no cluster URL): API checks are skipped."""
         return bool(self.urls)
+
+    @property
+    def has_slowlog(self) -> bool:
+        """True when slow log files or a slow log index are configured (the ``expensive_query`` check)."""
+        return bool(self.slowlog_paths or self.slowlog_index)
 
     @classmethod
     def from_settings(cls, settings: ElasticsearchSettings) -> ElasticsearchSource | None:
@@ -164,6 +145,8 @@ class ElasticsearchSource:
             ca_certs=str(settings.ca_certs) if settings.ca_certs else None,
             verify_certs=settings.verify_certs,
             timeout_s=settings.timeout_s,
+            slowlog_paths=settings.slowlog_paths,
+            slowlog_index=settings.slowlog_index,
         )
 
     # -- client lifecycle -------------------------------------------------------------------
@@ -195,7 +178,6 @@ class ElasticsearchSource:
         if self._client is None or self._loop is not loop:
             self._client = self._make_client()
             self._loop = loop
-            self._cache.clear()
         return self._client
 
     async def close(self) -> None:
@@ -204,13 +186,7 @@ class ElasticsearchSource:
         if client is not None and self._loop is asyncio.get_running_loop():
             with contextlib.suppress(Exception):  # closing must never fail a report
                 await client.close()
-        self._cache.clear()
-
-    async def __aenter__(self) -> ElasticsearchSource:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        self._flight.clear()
 
     # -- the one request path ---------------------------------------------------------------
 
@@ -260,7 +236,7 @@ class ElasticsearchSource:
         except (ConnectionTimeout, TimeoutError):
             return self._error(request, f"timed out after {self.timeout_s:g}s")
         except TlsError as exc:
-            return self._error(request, f"TLS error: {exc.message if hasattr(exc, 'message') else exc}")
+            return self._error(request, f"TLS error: {exc.message}")
         except TransportConnectionError as exc:
             where = ", ".join(map(redact_url, self.urls))
             return self._error(request, f"cannot connect to {where}: {exc.message}")
@@ -299,8 +275,7 @@ class ElasticsearchSource:
         return body
 
     async def _cached(self, key: str, make: Callable[[], Awaitable[T]]) -> T:
-        self._client_for_loop()  # resets the cache when the event loop changed
-        return await self._cache.get(key, make)
+        return await self._flight.run(key, make)
 
     # -- public reads -------------------------------------------------------------------------
 
@@ -358,22 +333,9 @@ class ElasticsearchSource:
             return self._error(f"GET {path}", "no 'nodes' object in the response")
         return nodes
 
-    async def cat_thread_pool(
-        self, pools: Sequence[str] = ("search", "write")
-    ) -> list[dict[str, Any]] | SourceError:
-        """``GET _cat/thread_pool/<pools>``: per node and pool, active, queue, queue_size, rejected."""
-        path = f"/_cat/thread_pool/{quote(','.join(pools), safe=',')}"
-        return await self._cat(path, {"h": "node_name,name,active,queue,queue_size,rejected,completed,size"})
-
     async def cat_shards(self) -> list[dict[str, Any]] | SourceError:
         """``GET _cat/shards`` in bytes: index, shard, prirep, state, docs, store, node."""
         return await self._cat("/_cat/shards", {"h": "index,shard,prirep,state,docs,store,node"})
-
-    async def cat_indices(self) -> list[dict[str, Any]] | SourceError:
-        """``GET _cat/indices`` in bytes: health, index, pri, rep, docs.count, store.size, pri.store.size."""
-        return await self._cat(
-            "/_cat/indices", {"h": "health,status,index,pri,rep,docs.count,store.size,pri.store.size"}
-        )
 
     async def cat_fielddata(self) -> list[dict[str, Any]] | SourceError:
         """``GET _cat/fielddata`` in bytes: fielddata memory per node and field."""
@@ -405,10 +367,6 @@ class ElasticsearchSource:
                     (str(index), str(definition.get("type", "")), definition.get("fielddata") is True)
                 )
         return found
-
-    async def cluster_health(self) -> dict[str, Any] | SourceError:
-        """``GET _cluster/health``."""
-        return await self._cached("/_cluster/health", lambda: self._json_object("/_cluster/health"))
 
     async def slowlog_records(
         self,
@@ -446,3 +404,33 @@ class ElasticsearchSource:
         if not isinstance(hits, list):
             return self._error(f"GET {path}", "no hits.hits list in the search response")
         return [h["_source"] for h in hits if isinstance(h, dict) and isinstance(h.get("_source"), dict)]
+
+    async def read_slowlog(
+        self, *, since: datetime | None = None, until: datetime | None = None, max_index_docs: int = 5000
+    ) -> SlowlogRead | SourceError:
+        """The configured slow log files and index read into one summary.
+
+        Files are parsed off the event loop (big ones in worker processes the deadline stops);
+        index documents are searched within ``since``..``until``. What one of them cannot give
+        is an error only when the other gave no entries either.
+        """
+        summary, queries, problems = SlowlogSummary(), [], []
+        if self.slowlog_paths:
+            queries.append("slow log files " + ", ".join(str(p) for p in self.slowlog_paths))
+            try:
+                summary = await read_slowlog_files(self.slowlog_paths, since=since, until=until)
+            except OSError as exc:
+                problems.append(f"cannot read slow log files: {exc}")
+        if self.slowlog_index:
+            queries.append(f"GET {self.slowlog_index}/_search")
+            records = await self.slowlog_records(
+                self.slowlog_index, since=since, until=until, max_docs=max_index_docs
+            )
+            if isinstance(records, SourceError):
+                problems.append(records.message)
+            else:
+                # The search already applied the time window.
+                summary.merge(summarise_slowlog_records(records))
+        if problems and not summary.entries:
+            return SourceError(source=SOURCE, message="; ".join(problems))
+        return SlowlogRead(summary=summary, queries=queries)

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "GcRate",
     "NodeStats",
+    "NodeStatsSample",
     "ThreadPoolStats",
     "field_value",
     "gc_rates",
@@ -153,6 +154,16 @@ def field_value(node: Mapping[str, Any], dotted: str) -> float | None:
     if isinstance(value, int | float):
         return float(value)
     return None
+
+
+
+@dataclass(frozen=True)
+class NodeStatsSample:
+    """Two node stats readings ``elapsed_s`` apart: the basis of every rate diagnoser reports."""
+
+    first: list[NodeStats]
+    second: list[NodeStats]
+    elapsed_s: float
 
 
 @dataclass(frozen=True)

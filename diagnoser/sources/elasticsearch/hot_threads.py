@@ -221,68 +221,84 @@ def parse_hot_threads(text: str) -> list[HotThreadsNode]:
     A block of threads without a ``:::`` header (output of a single node trimmed by a proxy) is
     attributed to a node named ``unknown``.
     """
-    nodes: list[HotThreadsNode] = []
-    node: HotThreadsNode | None = None
-    thread: HotThread | None = None
-    stacks: list[StackSample] = []
-    frames: list[str] = []
-    block: tuple[int, int] | None = None
-
-    def close_block() -> None:
-        nonlocal block, frames
-        if block is not None:
-            stacks.append(StackSample(count=block[0], total=block[1], frames=tuple(frames)))
-        block, frames = None, []
-
-    def close_thread() -> None:
-        nonlocal thread, stacks
-        close_block()
-        if thread is not None and node is not None:
-            node.threads.append(replace(thread, stacks=tuple(stacks)))
-        thread, stacks = None, []
-
+    reader = _HotThreadsReader()
     for line in text.splitlines():
+        reader.read(line)
+    reader.close_thread()
+    return reader.nodes
+
+
+class _HotThreadsReader:
+    """The state of one pass over the text: the node, thread and stack block being read."""
+
+    def __init__(self) -> None:
+        self.nodes: list[HotThreadsNode] = []
+        self.node: HotThreadsNode | None = None
+        self.thread: HotThread | None = None
+        self.stacks: list[StackSample] = []
+        self.frames: list[str] = []
+        self.block: tuple[int, int] | None = None
+
+    def read(self, line: str) -> None:
         header = _NODE_HEADER.match(line)
         if header is not None:
-            close_thread()
-            node = _node_from_header(header.group("rest"))
-            nodes.append(node)
-            continue
+            self.close_thread()
+            self.node = _node_from_header(header.group("rest"))
+            self.nodes.append(self.node)
+            return
         hot_at = _HOT_AT.match(line)
         if hot_at is not None:
-            if node is None:
-                node = HotThreadsNode(name="unknown")
-                nodes.append(node)
-            node.sampled_at = hot_at.group("at").strip()
-            node.interval_ms = parse_time_value_ms(hot_at.group("interval"))
-            node.busiest_threads = int(hot_at.group("busiest"))
-            ignore = hot_at.group("ignore")
-            node.ignore_idle_threads = None if ignore is None else ignore.lower() == "true"
-            continue
+            _read_sampling(self.current_node(), hot_at)
+            return
         usage = _USAGE.match(line)
         if usage is not None:
-            close_thread()
-            if node is None:
-                node = HotThreadsNode(name="unknown")
-                nodes.append(node)
-            thread = _thread_from_match(usage)
-            continue
-        if thread is None:
-            continue
+            self.close_thread()
+            self.current_node()
+            self.thread = _thread_from_match(usage)
+            return
+        if self.thread is not None:
+            self.read_stack_line(line)
+
+    def read_stack_line(self, line: str) -> None:
         sharing = _SHARING.match(line)
         if sharing is not None:
-            close_block()
-            block = (int(sharing.group("count")), int(sharing.group("total")))
-            continue
+            self.close_block()
+            self.block = (int(sharing.group("count")), int(sharing.group("total")))
+            return
         if _UNIQUE.match(line):
-            close_block()
-            block = (1, 1)
-            continue
+            self.close_block()
+            self.block = (1, 1)
+            return
         frame = line.strip()
-        if block is not None and frame and len(frames) < MAX_FRAMES:
-            frames.append(frame)
-    close_thread()
-    return nodes
+        if self.block is not None and frame and len(self.frames) < MAX_FRAMES:
+            self.frames.append(frame)
+
+    def current_node(self) -> HotThreadsNode:
+        if self.node is None:
+            self.node = HotThreadsNode(name="unknown")
+            self.nodes.append(self.node)
+        return self.node
+
+    def close_block(self) -> None:
+        if self.block is not None:
+            count, total = self.block
+            self.stacks.append(StackSample(count=count, total=total, frames=tuple(self.frames)))
+        self.block, self.frames = None, []
+
+    def close_thread(self) -> None:
+        self.close_block()
+        if self.thread is not None and self.node is not None:
+            self.node.threads.append(replace(self.thread, stacks=tuple(self.stacks)))
+        self.thread, self.stacks = None, []
+
+
+def _read_sampling(node: HotThreadsNode, hot_at: re.Match[str]) -> None:
+    """The ``Hot threads at ..., interval=..., busiestThreads=...`` line of a node."""
+    node.sampled_at = hot_at.group("at").strip()
+    node.interval_ms = parse_time_value_ms(hot_at.group("interval"))
+    node.busiest_threads = int(hot_at.group("busiest"))
+    ignore = hot_at.group("ignore")
+    node.ignore_idle_threads = None if ignore is None else ignore.lower() == "true"
 
 
 def pool_shares(nodes: list[HotThreadsNode], *, usage_kind: str = "cpu") -> list[PoolShare]:
