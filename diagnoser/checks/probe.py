@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
-from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence
 from diagnoser.probe.result import ProbeResult
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
-from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence, SourceError
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 

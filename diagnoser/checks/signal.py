@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
-from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence, SourceError
 from diagnoser.signals import Expansion, expansions, load_catalogue, normalise_labels, validate_template
 from diagnoser.signals.catalogue import active_catalogue

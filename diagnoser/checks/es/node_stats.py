@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import model_validator
 
+from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.es.base import SOURCE, SampledParams, api_source
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
-from diagnoser.comparison import Comparison, compare
 from diagnoser.models import Evidence, SourceError
 from diagnoser.sources.elasticsearch import ElasticsearchSource
 from diagnoser.sources.elasticsearch.node_stats import field_value
