@@ -82,11 +82,15 @@ class Server:
 
 
 def child_probe(url: str, rate: float, duration: float, loop: str) -> None:
-    from diagnoser.config import ProbeSettings
+    from diagnoser.config import PROBE_MAX_DURATION_CEILING_S, PROBE_MAX_RATE_CEILING, ProbeSettings
     from diagnoser.probe import ProbeRun, spec_from_url
 
     spec = spec_from_url(url, rate=rate, duration_s=duration)
-    settings = ProbeSettings(max_rate=100_000, max_duration_s=3600, abort_error_ratio=1.0)
+    # The highest caps the config accepts; the run itself is not capped (enforce_safety is not
+    # called), so the sweep may go past the production ceiling to find where the probe saturates.
+    settings = ProbeSettings(
+        max_rate=PROBE_MAX_RATE_CEILING, max_duration_s=PROBE_MAX_DURATION_CEILING_S, abort_error_ratio=1.0
+    )
     if "BENCH_SPIN_US" in os.environ:
         settings = settings.model_copy(update={"timer_spin_us": float(os.environ["BENCH_SPIN_US"])})
     run = ProbeRun(spec, settings)
