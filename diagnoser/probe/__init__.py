@@ -13,8 +13,8 @@ at production. ::
 from __future__ import annotations
 
 from diagnoser.probe.entry import build_spec, run_probe
+from diagnoser.probe.open_loop import LiveStats, ProbeRun
 from diagnoser.probe.result import ProbeResult, merge_histograms
-from diagnoser.probe.runner import LiveStats, ProbeRun
 from diagnoser.probe.spec import ProbeSpec, enforce_safety, load_probe_file, spec_from_url
 
 __all__ = [

@@ -32,9 +32,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from diagnoser.config import ProbeSettings, load_settings
 from diagnoser.errors import DiagnoserError
 from diagnoser.probe.entry import build_spec
+from diagnoser.probe.open_loop import INTERRUPTED, ProbeRun
 from diagnoser.probe.report import render_report
 from diagnoser.probe.result import ProbeResult
-from diagnoser.probe.runner import INTERRUPTED, ProbeRun
 from diagnoser.probe.spec import ProbeSpec, check_resolved_addresses, enforce_safety
 
 __all__ = ["INTERRUPTED_EXIT", "ProbeOutput", "exit_code_for", "probe_command"]

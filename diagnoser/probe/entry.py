@@ -13,8 +13,8 @@ from pathlib import Path
 
 from diagnoser.config import ProbeSettings
 from diagnoser.errors import ConfigError
+from diagnoser.probe.open_loop import ProbeRun
 from diagnoser.probe.result import ProbeResult
-from diagnoser.probe.runner import ProbeRun
 from diagnoser.probe.spec import (
     ProbeSpec,
     check_resolved_addresses,

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 
 from diagnoser.config import Settings
 from diagnoser.probe.entry import build_spec, is_url
+from diagnoser.probe.open_loop import ProbeRun
 from diagnoser.probe.result import ProbeResult
-from diagnoser.probe.runner import ProbeRun
 from diagnoser.probe.spec import check_resolved_addresses, enforce_safety
 
 __all__ = ["probe_runner_for"]
