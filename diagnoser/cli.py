@@ -299,11 +299,11 @@ def _check_inputs(settings: Settings) -> None:
 
 def _probe_runner(target: str, rate: float, duration: float, settings: Settings) -> ProbeRunner:
     try:
-        from diagnoser.probe.integration import probe_runner_for
+        from diagnoser.probe.entry import prepare_probe
     except ImportError as exc:  # pragma: no cover - the probe package ships with diagnoser
         raise _fail(f"the probe is not available: {exc}") from exc
     try:
-        return probe_runner_for(target, rate=rate, duration_s=duration, settings=settings)
+        return prepare_probe(target, rate=rate, duration_s=duration, settings=settings.probe)
     except DiagnoserError as exc:
         raise _fail(str(exc)) from exc
 
