@@ -6,7 +6,10 @@ Measured on the 2-core reference machine against a 10 ms server (``bench/probe.p
 request was 1.5-2 ms with httpx's default transport (httpcore), about 450 us through aiohttp
 (``httpx-aiohttp``), and about 150 us with this module: a keep-alive pool of
 :class:`asyncio.Protocol` connections whose responses are parsed in C by ``httptools`` (llhttp,
-Node.js's parser) with no task, stream or buffer object per request beyond one future.
+Node.js's parser) with no task, stream or buffer object per request beyond one future. This
+module is the httpx-facing transport; one connection and its parsing and timings live in
+:mod:`diagnoser.probe.http1_connection`, the per-origin pool (resolve, address rule, connect, TLS,
+reuse) in :mod:`diagnoser.probe.http1_pool`.
 
 It is deliberately small: HTTP/1.1 only, one request at a time per connection (no pipelining),
 no redirects, cookies, retries, proxies or decompression (``Accept-Encoding`` is not sent unless
