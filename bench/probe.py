@@ -1,10 +1,10 @@
 """Benchmark: the probe against the server's own clock and against native load tools.
 
 Runs the delay server (tests/probe/delay_server.py) pinned to CPU 0, and on CPU 1, one tool at
-a time: the probe (on uvloop, as ``diagnose probe`` runs it, and on the default asyncio loop, as
-``diagnose now --probe`` runs it), a plain open loop on aiohttp's client (uvloop, the same
-timer, no validation, no phases: the usual way to write this in Python, for comparison),
-Debian's ``wrk`` (closed-loop, paced with a Lua ``delay``) and ``hey -q`` (rate-limited
+a time: the probe (on uvloop, through ``run_event_loop`` as every command runs it, and on the
+default asyncio loop, as it runs where uvloop is not installed), a plain open loop on aiohttp's client
+(uvloop, the same timer, no validation, no phases: the usual way to write this in Python, for
+comparison), Debian's ``wrk`` (closed-loop, paced with a Lua ``delay``) and ``hey -q`` (rate-limited
 workers). For each rate it prints achieved rate, p50 and p99 of every tool beside the server's
 own service time (the physical reference: nothing can measure less), and for the probe its
 schedule lag and CPU use, as medians of ``--repeat`` runs (single runs on a VM move with the
@@ -82,11 +82,15 @@ class Server:
 
 
 def child_probe(url: str, rate: float, duration: float, loop: str) -> None:
-    from diagnoser.config import ProbeSettings
-    from diagnoser.probe import ProbeRun, spec_from_url
+    from diagnoser.config import PROBE_MAX_DURATION_CEILING_S, PROBE_MAX_RATE_CEILING, ProbeSettings
+    from diagnoser.probe import ProbeRun, run_event_loop, spec_from_url
 
     spec = spec_from_url(url, rate=rate, duration_s=duration)
-    settings = ProbeSettings(max_rate=100_000, max_duration_s=3600, abort_error_ratio=1.0)
+    # The highest caps the config accepts; the run itself is not capped (enforce_safety is not
+    # called), so the sweep may go past the production ceiling to find where the probe saturates.
+    settings = ProbeSettings(
+        max_rate=PROBE_MAX_RATE_CEILING, max_duration_s=PROBE_MAX_DURATION_CEILING_S, abort_error_ratio=1.0
+    )
     if "BENCH_SPIN_US" in os.environ:
         settings = settings.model_copy(update={"timer_spin_us": float(os.environ["BENCH_SPIN_US"])})
     run = ProbeRun(spec, settings)
@@ -99,13 +103,8 @@ def child_probe(url: str, rate: float, duration: float, loop: str) -> None:
         wall = time.monotonic() - wall_before
         return {"result": result.model_dump(mode="json", exclude={"histogram"}), "cpu_s": cpu, "wall_s": wall}
 
-    if loop == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            out = runner.run(main())
-    else:
-        out = asyncio.run(main())
+    # "uvloop" is the probe's own event-loop policy; "asyncio" is the fallback without uvloop.
+    out = run_event_loop(main()) if loop == "uvloop" else asyncio.run(main())
     print(json.dumps(out))
 
 

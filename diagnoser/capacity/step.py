@@ -27,7 +27,7 @@ from typing import Literal
 
 from diagnoser.config import ProbeSettings
 from diagnoser.probe import LiveStats, ProbeResult, ProbeRun, ProbeSpec, enforce_safety
-from diagnoser.probe.runner import INTERRUPTED
+from diagnoser.probe.open_loop import INTERRUPTED
 from diagnoser.probe.spec import ConstantSchedule
 
 __all__ = ["StepMeasurement", "StepPlan", "Verdict", "run_step"]

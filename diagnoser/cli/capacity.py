@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Coroutine
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,6 +36,7 @@ from diagnoser.cli.app import app, fail
 from diagnoser.config import Settings, load_settings
 from diagnoser.errors import DiagnoserError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
+from diagnoser.probe.entry import run_event_loop
 
 __all__ = ["CapacityOutput", "capacity_command"]
 
@@ -103,16 +103,6 @@ def _plan(
         slo_p99_ms=slo_p99_ms,
         max_error_ratio=max_error_ratio,
     )
-
-
-def _run(coro: Coroutine[Any, Any, CapacityReport]) -> CapacityReport:
-    """``asyncio.run``, on uvloop when installed (the probe keeps its schedule better there)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
 
 
 async def _execute(run: CapacityRun) -> CapacityReport:
@@ -228,7 +218,7 @@ def capacity_command(
         raise fail(str(exc), console=err) from exc
     on_progress, on_step = _progress_printers(err) if err.is_terminal else (None, None)
     run = CapacityRun(plan, settings, options, on_progress=on_progress, on_step=on_step)
-    report = _run(_execute(run))
+    report = run_event_loop(_execute(run))
     _print(report, output)
     if plot is not None:
         write_plot(report, plot)

@@ -5,7 +5,6 @@ Exit codes: 0 nothing at warning or above, 1 something is, 2 usage or configurat
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,11 +30,12 @@ from diagnoser.cli.timeparse import parse_instant
 from diagnoser.config import Settings, configured_sources
 from diagnoser.engine import run_diagnosis
 from diagnoser.engine.deadline import remaining_deadline
-from diagnoser.engine.run import ProbeRunner
+from diagnoser.engine.run import ProbeSupplier
 from diagnoser.engine.scope import ReportScope
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
+from diagnoser.probe.entry import PreparedProbe, prepare_probe, run_event_loop
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet
 
@@ -181,15 +181,15 @@ def now(
     except ValueError as exc:
         raise fail(f"--at: {exc}") from exc
     scope, ruleset = _selected_rules(settings, rules_dir, severity, cause or [], rule or [], namespace or [])
-    probe_runner = _probe_runner(probe, probe_rate, probe_duration, settings) if probe else None
-    if not [name for name in configured_sources(settings) if name != "probe"] and probe_runner is None:
+    prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings) if probe else None
+    if not [name for name in configured_sources(settings) if name != "probe"] and prepared_probe is None:
         raise fail(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
             "--slowlog or --probe (or set them in --config)"
         )
     # The deadline counts from the command's start: start-up and rule loading spend it too.
     settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
-    diagnosis = scope.apply(_diagnose_with_spinner(settings, ruleset, instant, probe_runner))
+    diagnosis = scope.apply(_diagnose_with_spinner(settings, ruleset, instant, prepared_probe))
     _print_diagnosis(diagnosis, output, verbose > 0)
     raise typer.Exit(diagnosis.exit_code)
 
@@ -213,34 +213,32 @@ def _selected_rules(
 
 
 def _diagnose_with_spinner(
-    settings: Settings, ruleset: RuleSet, instant: datetime, probe_runner: ProbeRunner | None
+    settings: Settings, ruleset: RuleSet, instant: datetime, prepared_probe: ProbeSupplier | None
 ) -> Diagnosis:
     """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
     if not stderr.is_terminal:
-        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe_runner))
+        return run_event_loop(run_diagnosis(settings, rules=ruleset, at=instant, probe=prepared_probe))
     sources = [name for name in configured_sources(settings) if name != "probe"]
-    if probe_runner is not None:
+    if prepared_probe is not None:
         sources.append("probe")
     evaluating = f"evaluating {len(ruleset)} rules against {', '.join(sources)}"
-    with stderr.status(evaluating if probe_runner is None else "probing the target") as status:
-        probe: ProbeRunner | None = None
-        if probe_runner is not None:
-            runner = probe_runner
+    with stderr.status(evaluating if prepared_probe is None else "probing the target") as status:
+        probe: ProbeSupplier | None = None
+        if prepared_probe is not None:
+            prepared = prepared_probe
 
             async def probe() -> ProbeResult | None:
                 try:
-                    return await runner()
+                    return await prepared()
                 finally:
                     status.update(evaluating)
 
-        return asyncio.run(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe))
+        return run_event_loop(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe))
 
 
-def _probe_runner(target: str, rate: float, duration: float, settings: Settings) -> ProbeRunner:
-    from diagnoser.probe.integration import probe_runner_for
-
+def _prepare_probe(target: str, rate: float, duration: float, settings: Settings) -> PreparedProbe:
     try:
-        return probe_runner_for(target, rate=rate, duration_s=duration, settings=settings)
+        return prepare_probe(target, rate=rate, duration_s=duration, settings=settings.probe)
     except DiagnoserError as exc:
         raise fail(str(exc)) from exc
 

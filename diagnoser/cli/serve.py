@@ -10,7 +10,6 @@ starts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -81,9 +80,11 @@ def serve_command(
         raise typer.Exit(2) from exc
     configure_logging(settings, log_format=log_format.value, level=log_level)
     from diagnoser.daemon import run_daemon
+    from diagnoser.probe.entry import run_event_loop
 
     try:
-        asyncio.run(run_daemon(settings))
+        # The loop every probe runs on, so the daemon's probe measures as diagnose probe does.
+        run_event_loop(run_daemon(settings))
     except (DiagnoserError, OSError) as exc:  # e.g. the listen port is taken, the state dir unwritable
         log.error("cannot run the daemon: %s", exc)
         raise typer.Exit(2) from exc

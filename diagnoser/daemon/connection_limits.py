@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from aiohttp import web
 
@@ -59,7 +60,8 @@ class _LimitedProtocol(asyncio.Protocol):
         self._head_tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         if self._limits.open >= self._limits.max_connections:
             self._limits.on_drop("connection_cap")

@@ -32,8 +32,8 @@ __all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis", "wi
 
 log = logging.getLogger(__name__)
 
-#: Runs the probe for this diagnosis and returns its result (the daemon: the latest, if any).
-ProbeRunner = Callable[[], Awaitable[ProbeResult | None]]
+#: Supplies this diagnosis's probe result: a prepared probe run now, or (the daemon) the latest one.
+ProbeSupplier = Callable[[], Awaitable[ProbeResult | None]]
 
 
 @dataclass
@@ -145,7 +145,7 @@ async def run_diagnosis(
     *,
     rules: RuleSet | None = None,
     at: datetime | None = None,
-    probe: ProbeRunner | None = None,
+    probe: ProbeSupplier | None = None,
     sources: BuiltSources | None = None,
 ) -> Diagnosis:
     """Evaluate every rule as of ``at`` (default now) over the configured sources."""
@@ -184,7 +184,7 @@ async def run_diagnosis(
             await built.aclose()
 
 
-async def _probe(probe: ProbeRunner | None, errors: list[SourceError]) -> ProbeResult | None:
+async def _probe(probe: ProbeSupplier | None, errors: list[SourceError]) -> ProbeResult | None:
     """The probe's result; a probe that cannot run is an error entry, and the rest goes on."""
     if probe is None:
         return None

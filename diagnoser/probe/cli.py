@@ -20,22 +20,20 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from diagnoser.config import ProbeSettings, load_settings
+from diagnoser.config import load_settings
 from diagnoser.errors import DiagnoserError
-from diagnoser.probe.entry import build_spec
+from diagnoser.probe.entry import PreparedProbe, build_spec, run_event_loop
+from diagnoser.probe.open_loop import INTERRUPTED
 from diagnoser.probe.report import render_report
 from diagnoser.probe.result import ProbeResult
-from diagnoser.probe.runner import INTERRUPTED, ProbeRun
-from diagnoser.probe.spec import ProbeSpec, check_resolved_addresses, enforce_safety
 
 __all__ = ["INTERRUPTED_EXIT", "ProbeOutput", "exit_code_for", "probe_command"]
 
@@ -58,13 +56,13 @@ def exit_code_for(result: ProbeResult) -> int:
     return 0
 
 
-async def _run_with_progress(run: ProbeRun, console: Console, show_progress: bool) -> ProbeResult:
+async def _run_with_progress(probe: PreparedProbe, console: Console, show_progress: bool) -> ProbeResult:
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         # Ctrl-C ends the run through its own stop(), so in-flight requests settle and the
         # partial result is reported instead of a traceback.
-        loop.add_signal_handler(signal.SIGINT, run.stop)
-    task = loop.create_task(run.run())
+        loop.add_signal_handler(signal.SIGINT, probe.stop)
+    task = loop.create_task(probe())
     try:
         if not show_progress:
             return await task
@@ -77,10 +75,10 @@ async def _run_with_progress(run: ProbeRun, console: Console, show_progress: boo
             transient=True,
         )
         with progress:
-            bar = progress.add_task("probe", total=run.spec.duration_s, stats="starting")
+            bar = progress.add_task("probe", total=probe.spec.duration_s, stats="starting")
             while not task.done():
                 await asyncio.wait({task}, timeout=0.5)
-                live = run.live()
+                live = probe.live()
                 p99 = "-" if live.recent_p99_ms is None else f"{live.recent_p99_ms:.1f} ms"
                 progress.update(
                     bar,
@@ -94,20 +92,6 @@ async def _run_with_progress(run: ProbeRun, console: Console, show_progress: boo
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
-
-
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, ProbeResult]], ProbeResult]:
-    """``asyncio.run``, on uvloop when it is installed (less CPU per request, same timer precision)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-
-    def run(coro: Coroutine[Any, Any, ProbeResult]) -> ProbeResult:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(coro)
-
-    return run
 
 
 def _fail(console: Console, message: str) -> typer.Exit:
@@ -134,13 +118,12 @@ def probe_command(
     err = Console(stderr=True)
     try:
         settings = load_settings(config)
-        spec: ProbeSpec
         spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp)
-        enforce_safety(spec, settings.probe, explicit_target=explicit)
+        probe = PreparedProbe(spec, settings.probe, explicit_target=explicit)
     except DiagnoserError as exc:
         raise _fail(err, str(exc)) from exc
     try:
-        result = _execute(spec, settings.probe, err, show_progress=err.is_terminal, explicit_target=explicit)
+        result = run_event_loop(_run_with_progress(probe, err, show_progress=err.is_terminal))
     except DiagnoserError as exc:  # the resolved address refused before any request
         raise _fail(err, str(exc)) from exc
     if output is ProbeOutput.json:
@@ -149,14 +132,3 @@ def probe_command(
         Console().print(render_report(result))
     raise typer.Exit(exit_code_for(result))
 
-
-def _execute(
-    spec: ProbeSpec, settings: ProbeSettings, console: Console, *, show_progress: bool, explicit_target: bool
-) -> ProbeResult:
-    run = ProbeRun(spec, settings, explicit_target=explicit_target)
-
-    async def checked() -> ProbeResult:
-        await check_resolved_addresses(spec, settings, explicit_target=explicit_target)
-        return await _run_with_progress(run, console, show_progress)
-
-    return _event_loop_runner()(checked())

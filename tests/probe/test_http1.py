@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from diagnoser.probe import http1
-from diagnoser.probe.http1 import Http1Transport, IncompleteBody, RawResponse, RequestTimings
+from diagnoser.probe import http1_pool
+from diagnoser.probe.http1 import Http1Transport
+from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
 from tests.probe.conftest import DelayServer
 
 #: Bound on every wait. A healthy exchange on loopback takes well under 10 ms.
@@ -363,7 +364,7 @@ async def test_server_closing_an_idle_connection_makes_the_next_request_open_a_n
 async def test_a_connection_idle_past_the_keepalive_expiry_is_closed_not_reused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(http1, "KEEPALIVE_EXPIRY_S", 0.05)
+    monkeypatch.setattr(http1_pool, "KEEPALIVE_EXPIRY_S", 0.05)
     async with ScriptedServer(echo) as srv, opened(Http1Transport()) as transport:
         first = await fetch(transport, srv.url + "/a")
         again = await fetch(transport, srv.url + "/b")  # within the expiry: reused

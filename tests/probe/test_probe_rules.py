@@ -11,8 +11,7 @@ from diagnoser.checks.probe import ProbeParams, probe_check, read_field
 from diagnoser.config import ProbeSettings, Settings
 from diagnoser.engine import diagnose
 from diagnoser.models import Diagnosis
-from diagnoser.probe import ProbeResult, ProbeRun, build_spec, spec_from_url
-from diagnoser.probe.integration import probe_runner_for
+from diagnoser.probe import ProbeResult, ProbeRun, build_spec, prepare_probe, spec_from_url
 from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
 from tests.probe.conftest import DelayServer
@@ -95,8 +94,8 @@ async def test_a_probe_file_with_a_json_path_reports_an_empty_features_map(
         "expect: {json_path: $.features, non_empty_json: false}\n"
     )
     settings = Settings.model_validate({"probe": {"allowed_hosts": ["127.0.0.1"], "abort_error_ratio": 1.0}})
-    runner = probe_runner_for(str(path), rate=10, duration_s=10, settings=settings)
-    result = await runner()
+    probe = prepare_probe(str(path), rate=10, duration_s=10, settings=settings.probe)
+    result = await probe()
     assert result.sent == 20  # the file's schedule, not the flags' defaults
     diagnosis = await diagnose(PROBE_RULES, settings, Sources(probe=result))
     finding = next(f for f in diagnosis.findings if f.cause == "empty_success_response")
@@ -104,13 +103,13 @@ async def test_a_probe_file_with_a_json_path_reports_an_empty_features_map(
     assert "missing_path 20 of 20 requests" in finding.summary
 
 
-async def test_a_probe_file_outside_the_allowlist_is_refused_when_the_runner_is_built(tmp_path: Path) -> None:
+async def test_a_probe_file_outside_the_allowlist_is_refused_when_the_probe_is_prepared(tmp_path: Path) -> None:
     from diagnoser.errors import ProbeSafetyError
 
     path = tmp_path / "p.yaml"
     path.write_text("target: http://10.1.2.3/\nschedule: {rate: 1, duration_s: 1}\n")
     with pytest.raises(ProbeSafetyError, match="allowed_hosts"):
-        probe_runner_for(str(path), rate=10, duration_s=10, settings=Settings())
+        prepare_probe(str(path), rate=10, duration_s=10, settings=Settings().probe)
 
 
 async def test_truncated_bodies(server: DelayServer) -> None:

@@ -38,7 +38,8 @@ from pathlib import Path
 import httpx
 
 from diagnoser.config import ProbeSettings
-from diagnoser.probe.http1 import Http1Transport, IncompleteBody, RawResponse, RequestTimings
+from diagnoser.probe.http1 import Http1Transport
+from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
