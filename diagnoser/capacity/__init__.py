@@ -4,7 +4,7 @@ Open-loop steps of increasing rate (:mod:`.step`, chosen by :mod:`.search`), eac
 probe's own histograms; the rule pack evaluated as of each step's end (:mod:`.run`); the
 bottleneck is the cause that appears between the last step that held and the first that
 failed (:mod:`.bottleneck`). Reports render as a table, Markdown, JSON (:mod:`.report`), a
-picture (:mod:`.plot`) and a Slack message (:func:`diagnoser.notify.slack.render_capacity_report`). ::
+picture (:mod:`.plot`) and a Slack message (:mod:`.slack`). ::
 
     run = CapacityRun(plan, settings, CapacityOptions(start_rate=50, max_rate=1000))
     report = await run.run()

@@ -15,8 +15,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from diagnoser.config import Settings, check_inputs, load_settings
+from diagnoser.config import Settings, load_settings
 from diagnoser.engine import load_ruleset
+from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError
 from diagnoser.ruleset import RuleSet
 

@@ -248,7 +248,7 @@ def _slack_sender(settings: Settings) -> Any:
 
 
 def _post_to_slack(sender: Any, report: CapacityReport, err: Console) -> None:
-    from diagnoser.notify.slack import render_capacity_report
+    from diagnoser.capacity.slack import render_capacity_report
 
     try:
         asyncio.run(sender.post(render_capacity_report(report)))

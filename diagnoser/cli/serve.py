@@ -21,8 +21,9 @@ from typing import Annotated, Any
 import typer
 
 from diagnoser.cli.app import app
-from diagnoser.config import check_inputs, configured_sources, load_settings
+from diagnoser.config import configured_sources, load_settings
 from diagnoser.daemon.logs import configure_logging
+from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError, DiagnoserError
 
 __all__ = ["LogFormat", "serve_command"]

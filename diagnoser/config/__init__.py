@@ -45,7 +45,7 @@ from diagnoser.config.sections import (
     duration_seconds,
     parse_listen_address,
 )
-from diagnoser.config.settings import Settings, check_inputs, check_paths, configured_sources, load_settings
+from diagnoser.config.settings import Settings, check_paths, configured_sources, load_settings
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",
@@ -64,7 +64,6 @@ __all__ = [
     "Silence",
     "SlackSettings",
     "SloSettings",
-    "check_inputs",
     "check_paths",
     "configured_sources",
     "duration_seconds",

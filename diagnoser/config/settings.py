@@ -228,13 +228,3 @@ def _unwrap_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [_unwrap_secrets(v) for v in value]
     return value
-
-
-def check_inputs(settings: Settings, *, daemon: bool = False) -> None:
-    """:func:`check_paths`, then load the Kubernetes credentials once: a kubeconfig that does not
-    load is the user's configuration to fix (exit 2), not a source outage to report."""
-    check_paths(settings, daemon=daemon)
-    if settings.kubernetes.enabled:
-        from diagnoser.sources.kubernetes import KubernetesSource
-
-        KubernetesSource.from_settings(settings.kubernetes).close()

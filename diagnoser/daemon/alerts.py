@@ -23,8 +23,9 @@ from typing import Any, Protocol
 
 from diagnoser.daemon.jobs import JobHost
 from diagnoser.daemon.schedule import GuardedRun
-from diagnoser.daemon.state import NotificationKind, fingerprint
+from diagnoser.daemon.state import fingerprint
 from diagnoser.models import Diagnosis, Finding
+from diagnoser.notify.outbox import NotificationKind
 
 __all__ = ["NON_SCOPE_LABELS", "AlertReceiver", "alert_name", "alert_scopes", "finding_in_scope"]
 

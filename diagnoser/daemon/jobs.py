@@ -31,10 +31,11 @@ from diagnoser.config import DaemonSettings, Settings
 from diagnoser.daemon.leader import LeaderElector
 from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.schedule import JobSchedule
-from diagnoser.daemon.state import OutboxEntry, StateStore, fingerprint
+from diagnoser.daemon.state import StateStore, fingerprint
 from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis, Finding, Severity
 from diagnoser.notify.delivery import OutboxDelivery
+from diagnoser.notify.outbox import OutboxEntry
 
 if TYPE_CHECKING:
     from diagnoser.probe import ProbeResult

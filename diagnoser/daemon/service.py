@@ -40,7 +40,7 @@ from diagnoser.daemon.state import StateStore
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.delivery import OutboxDelivery
-from diagnoser.notify.entries import render_entry
+from diagnoser.notify.outbox import render_entry
 from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.ruleset import RuleSet
 

@@ -35,54 +35,15 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from sqlite3 import Connection
 from typing import Any, Protocol
 
 from diagnoser.daemon.state_file import StateFile
 from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.notify.outbox import NotificationKind, OutboxEntry
 
-__all__ = ["NotificationKind", "OutboxEntry", "StateStore", "fingerprint"]
-
-
-class NotificationKind(StrEnum):
-    """Why a message is sent; the Slack renderer picks its layout from it."""
-
-    new = "new"
-    #: Still there after the cooldown: a reminder in the same thread.
-    repeat = "repeat"
-    severity_changed = "severity_changed"
-    resolved = "resolved"
-    #: A diagnosis requested by an Alertmanager alert (not tied to one finding).
-    alert_report = "alert_report"
-
-
-@dataclass(frozen=True)
-class OutboxEntry:
-    """One queued notification: what to say and, for threading, which finding it belongs to."""
-
-    id: int
-    fingerprint: str | None
-    kind: NotificationKind
-    payload: dict[str, Any]
-    created_at: float
-    attempts: int
-    marker: str | None = None
-    next_attempt_at: float = 0.0
-    attempt_started_at: float | None = None
-    last_error: str | None = None
-
-    @property
-    def in_doubt(self) -> bool:
-        """True when an earlier post may have reached Slack without its answer reaching us."""
-        return self.attempt_started_at is not None
-
-    @property
-    def finding(self) -> Finding | None:
-        raw = self.payload.get("finding")
-        return Finding.model_validate(raw) if raw is not None else None
+__all__ = ["StateStore", "fingerprint"]
 
 
 class _Identified(Protocol):

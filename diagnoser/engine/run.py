@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, get_args
 
-from diagnoser.config import Settings
+from diagnoser.config import Settings, check_paths
 from diagnoser.engine.coverage import LOOKBACK_S, build_coverage, no_data_finding, summary_line
 from diagnoser.engine.evaluate import RuleOutcome, diagnose
 from diagnoser.engine.rank import rank_findings
@@ -28,7 +28,7 @@ from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import SourceName, Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["BuiltSources", "build_sources", "load_ruleset", "run_diagnosis", "with_coverage"]
+__all__ = ["BuiltSources", "build_sources", "check_inputs", "load_ruleset", "run_diagnosis", "with_coverage"]
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +193,13 @@ async def _probe(probe: ProbeSupplier | None, errors: list[SourceError]) -> Prob
     except Exception as exc:
         errors.append(SourceError(source="probe", message=f"probe did not run: {exc}"))
         return None
+
+
+def check_inputs(settings: Settings, *, daemon: bool = False) -> None:
+    """Configured paths exist, then the Kubernetes credentials load once: a kubeconfig that does
+    not load is the user's configuration to fix (exit 2), not a source outage to report."""
+    check_paths(settings, daemon=daemon)
+    if settings.kubernetes.enabled:
+        from diagnoser.sources.kubernetes import KubernetesSource
+
+        KubernetesSource.from_settings(settings.kubernetes).close()

@@ -1,8 +1,9 @@
 """Delivering the outbox to Slack: in order, once, without ever holding up a diagnosis.
 
-The daemon's *outbox* job calls :meth:`OutboxDelivery.flush`; the diagnose job only queues
-(:meth:`diagnoser.daemon.state.StateStore.reconcile`) and wakes the job up, so a slow, rate-limiting or
-absent Slack never delays a diagnosis. One flush takes the entries that are due, oldest first,
+The daemon's *outbox* job calls :meth:`OutboxDelivery.flush`; the diagnose job only queues (in
+the state store, in the transaction that decides what to say) and wakes the job up, so a slow,
+rate-limiting or absent Slack never delays a diagnosis. One flush takes the entries that are due,
+oldest first,
 and stops at the first one that must wait, so messages keep their order:
 
 - **before each post** the entry is marked as under way with a *marker*, an id the message
@@ -39,7 +40,7 @@ from typing import Protocol
 from prometheus_client import Counter
 
 from diagnoser.config import SlackSettings
-from diagnoser.daemon.state import NotificationKind, OutboxEntry, StateStore
+from diagnoser.notify.outbox import NotificationKind, OutboxEntry, OutboxStore
 from diagnoser.notify.slack import SlackMessage
 from diagnoser.notify.slack_sender import SlackDelivery, SlackSender, SlackSendError
 
@@ -80,7 +81,7 @@ class OutboxDelivery:
 
     def __init__(
         self,
-        state: StateStore,
+        state: OutboxStore,
         sender: SlackSender,
         metrics: DeliveryMetrics,
         render: Callable[[OutboxEntry], SlackMessage],

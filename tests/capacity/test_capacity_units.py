@@ -24,8 +24,8 @@ from diagnoser.capacity import (
 )
 from diagnoser.capacity.plot import write_plot
 from diagnoser.capacity.render import render_capacity_markdown, render_capacity_table, step_cells
+from diagnoser.capacity.slack import render_capacity_report
 from diagnoser.models import Evidence, Finding, Severity
-from diagnoser.notify.slack import render_capacity_report
 
 # -- the search -------------------------------------------------------------------------------
 

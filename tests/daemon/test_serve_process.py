@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from diagnoser.daemon.state import NotificationKind, StateStore
+from diagnoser.daemon.state import StateStore
+from diagnoser.notify.outbox import NotificationKind
 from diagnoser.testing.prometheus import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, write_rule
 from tests.fixtures.slack_server import SlackFixtureServer

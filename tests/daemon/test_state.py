@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.daemon.state import NotificationKind, StateStore, fingerprint
+from diagnoser.daemon.state import StateStore, fingerprint
 from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
+from diagnoser.notify.outbox import NotificationKind
 
 AT = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 

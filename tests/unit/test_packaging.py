@@ -101,3 +101,28 @@ def test_every_exception_diagnoser_defines_is_in_the_one_tree() -> None:
         if isinstance(value, type) and issubclass(value, Exception):
             assert issubclass(value, errors.DiagnoserError), name
             assert name in (errors.__doc__ or ""), f"{name} is not in the documented tree"
+
+
+#: diagnoser's packages, lowest first: each may import only those before it (ARCHITECTURE.md).
+LAYERS = [
+    "redact", "errors", "models", "config", "probe", "sources", "signals", "checks", "ruleset",
+    "engine", "notify", "capacity", "daemon", "testing", "cli",
+]  # fmt: skip
+
+
+def test_no_package_imports_one_above_it() -> None:
+    import ast
+
+    upward = []
+    for path in (REPO / "diagnoser").rglob("*.py"):
+        own = path.relative_to(REPO / "diagnoser").parts[0].removesuffix(".py")
+        if own not in LAYERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diagnoser."):
+                other = node.module.split(".")[1]
+                if other in LAYERS and LAYERS.index(other) > LAYERS.index(own):
+                    upward.append(f"{path.relative_to(REPO)} imports {node.module}")
+    assert upward == []
+    packaged = {p.name.removesuffix(".py") for p in (REPO / "diagnoser").iterdir() if not p.name.startswith("_")}
+    assert packaged - {"py.typed"} <= set(LAYERS), "a new package needs its place in LAYERS and ARCHITECTURE.md"
