@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, get_args
+from typing import TYPE_CHECKING, TypeVar, get_args
 
 from diagnoser.config import Settings, check_paths
 from diagnoser.engine.coverage import LOOKBACK_S, build_coverage, no_data_finding, summary_line
@@ -28,9 +28,14 @@ from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import SourceName, Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
+if TYPE_CHECKING:
+    from diagnoser.sources.elasticsearch import ElasticsearchSource
+    from diagnoser.sources.kubernetes import KubernetesSource
+
 __all__ = ["BuiltSources", "build_sources", "check_inputs", "load_ruleset", "run_diagnosis", "with_coverage"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Supplies this diagnosis's probe result: a prepared probe run now, or (the daemon) the latest one.
 ProbeSupplier = Callable[[], Awaitable[ProbeResult | None]]
@@ -42,21 +47,12 @@ class BuiltSources:
     errors: list[SourceError] = field(default_factory=list)
 
     async def aclose(self) -> None:
-        """Close every source (best effort): HTTP clients end their connections politely."""
-        prometheus, elasticsearch, kubernetes = (
-            self.sources.prometheus,
-            self.sources.elasticsearch,
-            self.sources.kubernetes,
-        )
-        try:
-            if prometheus is not None:
-                await prometheus.aclose()
-            if elasticsearch is not None:
-                await elasticsearch.close()
-            if kubernetes is not None:
-                kubernetes.close()
-        except Exception:  # closing is best effort
-            log.debug("closing the sources failed", exc_info=True)
+        """Close every source, each on its own (best effort): HTTP clients end their connections politely."""
+        for source in self.sources.clients():
+            try:
+                await source.aclose()
+            except Exception:  # closing is best effort, and one failing does not keep the others open
+                log.debug("closing %r failed", source, exc_info=True)
 
 
 def load_ruleset(settings: Settings) -> RuleSet:
@@ -80,9 +76,9 @@ def build_sources(settings: Settings) -> BuiltSources:
         except (ValueError, OSError) as exc:
             built.errors.append(SourceError(source="prometheus", message=f"cannot set up: {exc}"))
     if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
-        built.sources.elasticsearch = _optional_source("elasticsearch", settings, built.errors)
+        built.sources.elasticsearch = _set_up("elasticsearch", lambda: _elasticsearch(settings), built.errors)
     if settings.kubernetes.enabled:
-        built.sources.kubernetes = _optional_source("kubernetes", settings, built.errors)
+        built.sources.kubernetes = _set_up("kubernetes", lambda: _kubernetes(settings), built.errors)
     return built
 
 
@@ -126,18 +122,25 @@ def with_coverage(
     return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(kept)})
 
 
-def _optional_source(name: str, settings: Settings, errors: list[SourceError]) -> Any:
+def _set_up(name: str, build: Callable[[], T], errors: list[SourceError]) -> T | None:
+    """``build()``, or ``None`` and an error entry: a source that cannot be set up is reported."""
     try:
-        if name == "elasticsearch":
-            from diagnoser.sources.elasticsearch import ElasticsearchSource
-
-            return ElasticsearchSource.from_settings(settings.elasticsearch)
-        from diagnoser.sources.kubernetes import KubernetesSource
-
-        return KubernetesSource.from_settings(settings.kubernetes)
-    except Exception as exc:  # any failure to build is reported, never fatal
+        return build()
+    except Exception as exc:
         errors.append(SourceError(source=name, message=f"cannot set up: {type(exc).__name__}: {exc}"))
         return None
+
+
+def _elasticsearch(settings: Settings) -> ElasticsearchSource | None:
+    from diagnoser.sources.elasticsearch import ElasticsearchSource  # the client loads only when used
+
+    return ElasticsearchSource.from_settings(settings.elasticsearch)
+
+
+def _kubernetes(settings: Settings) -> KubernetesSource:
+    from diagnoser.sources.kubernetes import KubernetesSource  # the client loads only when used
+
+    return KubernetesSource.from_settings(settings.kubernetes)
 
 
 async def run_diagnosis(

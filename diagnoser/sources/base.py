@@ -60,9 +60,9 @@ class Sources:
             return self.kubernetes
         return self.probe
 
-    def configured(self) -> list[SourceName]:
-        """The names of the sources present, in a stable order."""
-        return [name for name in get_args(SourceName) if self.get(name) is not None]
+    def clients(self) -> list[PrometheusSource | ElasticsearchSource | KubernetesSource]:
+        """The sources that hold connections (all but the probe's result), to close when done."""
+        return [s for s in (self.prometheus, self.elasticsearch, self.kubernetes) if s is not None]
 
 
 class SingleFlight:

@@ -49,4 +49,4 @@ async def source_for() -> AsyncIterator[SourceFactory]:
 
     yield make
     for source in made:
-        await source.close()
+        await source.aclose()

@@ -207,7 +207,7 @@ async def test_source_without_urls_answers_with_an_error() -> None:
     result = await source.node_stats()
     assert isinstance(result, SourceError)
     assert "no Elasticsearch URL" in result.message
-    await source.close()
+    await source.aclose()
 
 
 async def test_client_follows_the_event_loop(serve: ServeFactory) -> None:
@@ -220,7 +220,7 @@ async def test_client_follows_the_event_loop(serve: ServeFactory) -> None:
             try:
                 return await source.node_stats()
             finally:
-                await source.close()
+                await source.aclose()
 
         return asyncio.run(go())
 

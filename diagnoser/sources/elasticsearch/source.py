@@ -11,7 +11,7 @@ socket) busy after the diagnosis gave up on it. Every method returns parsed data
         nodes = await source.hot_threads()
         if isinstance(nodes, SourceError):
             print(nodes.message)
-        await source.close()
+        await source.aclose()
 
 Requests go through ``perform_request`` with ``compatible-with=8`` media types: 8.x servers
 reject the ``compatible-with=9`` the 9.x client sends by default, and 9.x servers accept 8
@@ -180,7 +180,7 @@ class ElasticsearchSource:
             self._loop = loop
         return self._client
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close the HTTP session (safe to call more than once)."""
         client, self._client = self._client, None
         if client is not None and self._loop is asyncio.get_running_loop():

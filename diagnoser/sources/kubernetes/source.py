@@ -143,6 +143,10 @@ class KubernetesSource:
         self._limits.clear()
         self._api.close()
 
+    async def aclose(self) -> None:
+        """:meth:`close`, as every source closes (the client's pool closes synchronously)."""
+        self.close()
+
     def _limit(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         for stale in [known for known in self._limits if known.is_closed()]:
