@@ -35,7 +35,8 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from diagnoser.testing.prometheus import LocalPrometheus, free_port  # noqa: E402
+from diagnoser.testing.processes import free_port  # noqa: E402
+from diagnoser.testing.prometheus import LocalPrometheus  # noqa: E402
 from tests.fixtures.slack_server import SlackFixtureServer  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

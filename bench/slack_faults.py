@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from diagnoser.daemon import Daemon  # noqa: E402
-from diagnoser.testing.prometheus import LocalPrometheus, free_port  # noqa: E402
+from diagnoser.testing.processes import free_port  # noqa: E402
+from diagnoser.testing.prometheus import LocalPrometheus  # noqa: E402
 from tests.daemon.conftest import daemon_settings, write_rule  # noqa: E402
 from tests.fixtures.slack_server import SlackFixtureServer  # noqa: E402
 

@@ -55,8 +55,9 @@ from demo.plot import write_before_after  # noqa: E402
 from demo.slack_sink import SlackSink  # noqa: E402
 from diagnoser.capacity.render import render_capacity_table  # noqa: E402
 from diagnoser.capacity.report import CapacityReport  # noqa: E402
-from diagnoser.testing.prometheus import LocalPrometheus, free_port  # noqa: E402
-from examples.feature_service.testbed import FeatureTestBed, RedisServer, wait_port  # noqa: E402
+from diagnoser.testing.processes import free_port, wait_port  # noqa: E402
+from diagnoser.testing.prometheus import LocalPrometheus  # noqa: E402
+from examples.feature_service.testbed import FeatureTestBed, RedisServer  # noqa: E402
 from tests.fixtures.slack_server import PostedMessage  # noqa: E402
 
 POOL_SIZE = 10

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,15 +21,9 @@ from pathlib import Path
 from types import TracebackType
 
 from diagnoser.errors import LocalPrometheusError
+from diagnoser.testing.processes import free_port, stop_process
 
-__all__ = ["LocalPrometheus", "LocalPrometheusError", "free_port"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["LocalPrometheus", "LocalPrometheusError"]
 
 
 @dataclass
@@ -157,13 +150,7 @@ class LocalPrometheus:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        stop_process(self._process)
         self._process = None
         if self._owns_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -10,12 +10,10 @@ on 127.0.0.1 on free ports, lives in a temp dir and is stopped by PID. ::
 
 from __future__ import annotations
 
+import contextlib
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -23,59 +21,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from diagnoser.testing.prometheus import LocalPrometheus, free_port
+from diagnoser.testing.processes import free_port, local_redis, stop_process, wait_port
+from diagnoser.testing.prometheus import LocalPrometheus
 
 __all__ = ["FeatureTestBed", "RedisServer"]
 
 SERVICE = Path(__file__).resolve().parent / "service.py"
 
 
-def wait_port(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
-
-
-def _stop(process: subprocess.Popen[bytes] | None) -> None:
-    if process is not None and process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @dataclass
 class RedisServer:
-    """``redis-server`` on a free port in a temp dir, no persistence."""
+    """``redis-server`` on a free port in a temp dir, no persistence: :func:`local_redis` as an object."""
 
     port: int = 0
-    _dir: Path | None = field(default=None, init=False, repr=False)
-    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, init=False, repr=False)
 
     def __enter__(self) -> RedisServer:
-        if shutil.which("redis-server") is None:
-            raise RuntimeError("redis-server not found: run scripts/setup.sh")
-        self.port = self.port or free_port()
-        self._dir = Path(tempfile.mkdtemp(prefix="diagnoser-redis-"))
-        self._process = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self._dir),
-             "--save", "", "--appendonly", "no", "--logfile", str(self._dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_port(self.port)
+        self.port = self._stack.enter_context(local_redis(port=self.port))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _stop(self._process)
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        self._stack.close()
 
 
 @dataclass
@@ -146,7 +112,7 @@ class FeatureTestBed:
     def stop(self) -> None:
         if self._prometheus is not None:
             self._prometheus.stop()
-        _stop(self._service)
+        stop_process(self._service)
         if self._redis is not None:
             self._redis.__exit__(None, None, None)
 

@@ -180,7 +180,7 @@ def test_expect_rps_gates_the_exit_code(healthy_bed: FeatureTestBed) -> None:
 
 
 def test_a_target_that_fails_every_request_stops_at_the_first_step_with_limit_errors() -> None:
-    from diagnoser.testing.prometheus import free_port
+    from diagnoser.testing.processes import free_port
 
     closed = f"http://127.0.0.1:{free_port()}/v1/features"  # nothing listens: every connect is refused
     result = run_cli("capacity", closed, "--slo-p99-ms", "50", "--step-s", "5", "--start-rate", "20",
@@ -194,7 +194,7 @@ def test_a_target_that_fails_every_request_stops_at_the_first_step_with_limit_er
 
 
 def test_a_prometheus_that_cannot_be_read_is_an_error_entry_not_a_crash_nor_a_verdict() -> None:
-    from diagnoser.testing.prometheus import free_port
+    from diagnoser.testing.processes import free_port
 
     closed, prometheus = f"http://127.0.0.1:{free_port()}/x", f"http://127.0.0.1:{free_port()}"
     result = run_cli("capacity", closed, "--slo-p99-ms", "50", "--step-s", "3", "--start-rate", "20",

@@ -28,7 +28,8 @@ if str(_ROOT) not in sys.path:
 from prometheus_client import CollectorRegistry, Gauge, start_http_server  # noqa: E402
 
 from diagnoser.config import Settings, load_settings  # noqa: E402
-from diagnoser.testing.prometheus import LocalPrometheus, free_port  # noqa: E402
+from diagnoser.testing.processes import free_port  # noqa: E402
+from diagnoser.testing.prometheus import LocalPrometheus  # noqa: E402
 from tests.fixtures.slack_server import SlackFixtureServer  # noqa: E402
 
 RULE = """\

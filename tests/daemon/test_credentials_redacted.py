@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.redact import redact_url, scrub_text
-from diagnoser.testing.prometheus import free_port
+from diagnoser.testing.processes import free_port
 from tests.daemon.test_serve_process import _start, _wait
 from tests.fixtures.slack_server import SlackFixtureServer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.testing.prometheus import free_port
+from diagnoser.testing.processes import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, write_rule
 from tests.daemon.test_serve_process import _get, _start, _wait
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.testing.prometheus import LocalPrometheus, free_port
+from diagnoser.testing.processes import free_port
+from diagnoser.testing.prometheus import LocalPrometheus
 from tests.fixtures.pool_services.launch import clients, pool_service
 from tests.fixtures.slack_server import SlackFixtureServer
 

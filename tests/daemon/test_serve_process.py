@@ -21,7 +21,7 @@ import yaml
 
 from diagnoser.daemon.state import StateStore
 from diagnoser.notify.outbox import NotificationKind
-from diagnoser.testing.prometheus import free_port
+from diagnoser.testing.processes import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, write_rule
 from tests.fixtures.slack_server import SlackFixtureServer
 

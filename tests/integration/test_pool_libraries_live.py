@@ -16,9 +16,10 @@ import urllib.request
 
 import pytest
 
+from diagnoser.testing.processes import local_redis
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.fixtures.pool_services.launch import clients, pool_service, redis_server
+from tests.fixtures.pool_services.launch import clients, pool_service
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +82,7 @@ def test_sqlalchemy_pool_exhaustion_is_found_with_its_size_inferred() -> None:
 
 def test_redis_py_pool_exhaustion_is_found_with_its_size_inferred() -> None:
     with (
-        redis_server() as redis_port,
+        local_redis() as redis_port,
         pool_service("redis_py_features.py", "--redis-port", str(redis_port), "--max-connections", "10") as url,
     ):
         report = _diagnose_under_load(

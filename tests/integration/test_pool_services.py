@@ -17,7 +17,8 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.pool_services.launch import pool_service, redis_server
+from diagnoser.testing.processes import local_redis
+from tests.fixtures.pool_services.launch import pool_service
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ def test_sqlalchemy_service_runs_out_of_its_queue_pool() -> None:
 
 def test_redis_py_service_runs_out_of_its_blocking_pool() -> None:
     with (
-        redis_server() as redis_port,
+        local_redis() as redis_port,
         pool_service(
             "redis_py_features.py", "--redis-port", str(redis_port), "--max-connections", "10",
             "--pool-timeout-s", "0.3",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.testing.prometheus import free_port
+from diagnoser.testing.processes import free_port
 from tests.conftest import IncidentPrometheus, run_cli
 
 

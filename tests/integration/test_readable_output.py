@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from diagnoser.testing.prometheus import free_port
+from diagnoser.testing.processes import free_port
 from tests.conftest import REPO, IncidentPrometheus, run_cli
 
 _URL = re.compile(r"https?://\S+")

@@ -10,18 +10,16 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from diagnoser.testing.prometheus import LocalPrometheus, free_port
+from diagnoser.testing.processes import free_port, local_redis, running, wait_port
+from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.fixtures.pool_services.launch import wait_tcp
 
 MAXCLIENTS = 12
 
@@ -30,28 +28,15 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def redis_stack(tmp_path: Path) -> Iterator[tuple[int, str]]:
-    for binary in ("redis-server", "prometheus-redis-exporter"):
-        assert shutil.which(binary), f"{binary} missing: run scripts/setup.sh"
-    redis_port, exporter_port = free_port(), free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--dir", str(tmp_path), "--save", "",
-         "--appendonly", "no", "--maxclients", str(MAXCLIENTS), "--logfile", str(tmp_path / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    exporter = subprocess.Popen(
-        ["prometheus-redis-exporter", "-redis.addr", f"redis://127.0.0.1:{redis_port}",
-         "-web.listen-address", f"127.0.0.1:{exporter_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_tcp(redis_port)
-        wait_tcp(exporter_port)
+def redis_stack() -> Iterator[tuple[int, str]]:
+    assert shutil.which("prometheus-redis-exporter"), "prometheus-redis-exporter missing: run scripts/setup.sh"
+    exporter_port = free_port()
+    with local_redis(maxclients=MAXCLIENTS) as redis_port, running(
+        "prometheus-redis-exporter", "-redis.addr", f"redis://127.0.0.1:{redis_port}",
+        "-web.listen-address", f"127.0.0.1:{exporter_port}",
+    ):  # fmt: skip
+        wait_port(exporter_port)
         yield redis_port, f"127.0.0.1:{exporter_port}"
-    finally:
-        for process in (exporter, redis):
-            process.terminate()
-            process.wait(timeout=10)
 
 
 def _query(url: str, promql: str) -> list[dict[str, object]]:
