@@ -20,7 +20,8 @@ import pytest
 
 from diagnoser.daemon import Daemon
 from diagnoser.daemon.state import StateStore
-from diagnoser.testing.prometheus import free_port
+from diagnoser.testing.processes import free_port
+from tests.conftest import unavailable
 from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.daemon.test_serve_process import _healthy, _start, _wait, serve_argv
 from tests.fixtures.slack_server import SlackFixtureServer
@@ -90,7 +91,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True, check=False
     )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+        unavailable(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
     try:
         yield mount_point
     finally:

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.conftest import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -39,7 +40,7 @@ def tool(name: str) -> str:
         return str(beside_python)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed (scripts/setup.sh installs it into the virtualenv)")
+        unavailable(f"{name} is not installed (scripts/setup.sh installs it into the virtualenv)")
     return found
 
 

@@ -28,7 +28,9 @@ from pathlib import Path
 import pytest
 
 from diagnoser.ruleset import load_rules
-from diagnoser.testing.prometheus import LocalPrometheus, free_port
+from diagnoser.testing.processes import free_port
+from diagnoser.testing.prometheus import LocalPrometheus
+from tests.conftest import unavailable
 from tests.deploy.rendering import REPO
 
 pytestmark = [pytest.mark.image, pytest.mark.integration]
@@ -73,7 +75,7 @@ def _find_engine() -> Engine:
         return Engine("docker")
     if shutil.which("podman"):
         return Engine("podman")
-    pytest.skip(
+    unavailable(
         "no container engine that can run the image: podman or docker (with its daemon) is needed; "
         "DIAGNOSER_IMAGE_TEST=1 scripts/setup.sh installs podman"
     )
@@ -90,7 +92,7 @@ def _base_image(engine: Engine) -> str:
     if engine.run("image", "inspect", LOCAL_BASE).returncode == 0:
         return LOCAL_BASE
     if shutil.which("debootstrap") is None:
-        pytest.skip(f"cannot pull {pinned} ({pulled.stderr.strip()[-300:]}) and debootstrap is not installed")
+        unavailable(f"cannot pull {pinned} ({pulled.stderr.strip()[-300:]}) and debootstrap is not installed")
     with tempfile.TemporaryDirectory(prefix="diagnoser-base-") as root:
         made = _run(
             [
@@ -104,7 +106,7 @@ def _base_image(engine: Engine) -> str:
             timeout=900,
         )
         if made.returncode != 0:
-            pytest.skip(
+            unavailable(
                 f"cannot pull {pinned}, nor make a Debian base: {made.stdout[-300:]}{made.stderr[-300:]}"
             )
         shutil.rmtree(Path(root) / "var" / "cache" / "apt" / "archives", ignore_errors=True)
@@ -124,7 +126,7 @@ def _base_image(engine: Engine) -> str:
 
 def _runnable(engine: Engine) -> Engine:
     """``engine`` itself if it runs the image, else podman with runc and cgroupfs (for hosts whose
-    cgroup layout crun refuses, such as hybrid cgroup v1/v2 sandboxes); skip if neither does."""
+    cgroup layout crun refuses, such as hybrid cgroup v1/v2 sandboxes); unavailable if neither does."""
     argv = ["run", "--rm", *RUN_LIMITS, "--read-only", IMAGE, "--version"]
     tried = engine.run(*argv)
     if tried.returncode == 0:
@@ -133,7 +135,7 @@ def _runnable(engine: Engine) -> Engine:
         fallback = Engine("podman", ("--runtime", "runc", "--cgroup-manager", "cgroupfs"))
         if fallback.run(*argv).returncode == 0:
             return fallback
-    pytest.skip(
+    unavailable(
         f"{engine.command} built the image but cannot run a container here: {tried.stderr.strip()[-400:]}"
     )
 

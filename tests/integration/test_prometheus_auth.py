@@ -20,6 +20,7 @@ import pytest
 from diagnoser.config import BasicAuth, PrometheusSettings
 from diagnoser.models import SourceError
 from diagnoser.sources.prometheus import PrometheusSource
+from tests.conftest import unavailable
 
 ANSWER = {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {"job": "a"}, "value": [1, "3"]}]}}
 GOOD = {"Bearer t0ken", "Basic " + base64.b64encode(b"sre:pa55").decode()}
@@ -84,7 +85,7 @@ def test_wrong_credentials_are_a_source_error(proxy_url: str) -> None:
 def tls_prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """An HTTPS endpoint with a certificate of its own CA (openssl, as on any Debian with ca-certificates)."""
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        unavailable("openssl is not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
