@@ -48,6 +48,7 @@ __all__ = [
     "rs_owners",
     "seconds",
     "since",
+    "with_owners",
 ]
 
 SOURCE = "kubernetes"
@@ -103,6 +104,17 @@ async def list_namespaced(
         if isinstance(result, SourceError):
             return result
     return [r for r in results if not isinstance(r, SourceError)]
+
+
+async def with_owners(
+    source: KubernetesSource, namespaces: list[str] | None, *resources: str
+) -> tuple[list[list[dict[str, Any]]], dict[tuple[str, str], str]] | SourceError:
+    """:func:`list_namespaced` and :func:`rs_owners` at once: the checks that name a pod's workload
+    need both, and neither waits for the other."""
+    listed, owners = await asyncio.gather(
+        list_namespaced(source, namespaces, *resources), rs_owners(source, namespaces)
+    )
+    return listed if isinstance(listed, SourceError) else (listed, owners)
 
 
 async def rs_owners(source: KubernetesSource, namespaces: list[str] | None) -> dict[tuple[str, str], str]:

@@ -18,7 +18,7 @@ from diagnoser.checks.k8s.common import (
     join,
     kubernetes_of,
     ref,
-    rs_owners,
+    with_owners,
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
@@ -44,10 +44,10 @@ class _Loop:
 async def crash_loop(params: CrashLoopParams, ctx: CheckContext) -> CheckResult:
     """One row per (namespace, workload, container) in CrashLoopBackOff."""
     source = kubernetes_of(ctx)
-    pods = await source.list_objects("pods", namespaces=params.namespaces)
-    if isinstance(pods, SourceError):
-        return pods
-    owners = await rs_owners(source, params.namespaces)
+    read = await with_owners(source, params.namespaces, "pods")
+    if isinstance(read, SourceError):
+        return read
+    [pods], owners = read
     groups: dict[tuple[str, str, str], _Loop] = {}
     for pod in pods:
         for status in container_statuses(pod):

@@ -21,13 +21,12 @@ from diagnoser.checks.k8s.common import (
     WindowParams,
     involved,
     kubernetes_of,
-    list_namespaced,
     meta,
     recent_events,
     ref,
-    rs_owners,
     seconds,
     since,
+    with_owners,
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
@@ -58,11 +57,10 @@ class _ScaleUp:
 async def hpa_scale_up_slow(params: HpaScaleUpSlowParams, ctx: CheckContext) -> CheckResult:
     """One row per HPA whose slowest scale-up in the window took over ``budget_seconds``."""
     source = kubernetes_of(ctx)
-    listed = await list_namespaced(source, params.namespaces, "horizontalpodautoscalers", "events", "pods")
-    if isinstance(listed, SourceError):
-        return listed
-    hpas, events, pods = listed
-    owners = await rs_owners(source, params.namespaces)
+    read = await with_owners(source, params.namespaces, "horizontalpodautoscalers", "events", "pods")
+    if isinstance(read, SourceError):
+        return read
+    (hpas, events, pods), owners = read
     targets = {ref(h): (h.get("spec") or {}).get("scaleTargetRef") or {} for h in hpas}
     by_workload: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for pod in pods:

@@ -25,11 +25,10 @@ from diagnoser.checks.k8s.common import (
     involved,
     join,
     kubernetes_of,
-    list_namespaced,
     recent_events,
     ref,
-    rs_owners,
     since,
+    with_owners,
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
@@ -127,11 +126,10 @@ class _Stuck:
 async def image_pull_backoff(params: ImagePullBackoffParams, ctx: CheckContext) -> CheckResult:
     """One row per (namespace, workload, container, image) whose pods cannot pull the image."""
     source = kubernetes_of(ctx)
-    listed = await list_namespaced(source, params.namespaces, "pods", "events")
-    if isinstance(listed, SourceError):
-        return listed
-    pods, events = listed
-    owners = await rs_owners(source, params.namespaces)
+    read = await with_owners(source, params.namespaces, "pods", "events")
+    if isinstance(read, SourceError):
+        return read
+    (pods, events), owners = read
     stuck: dict[tuple[str, str, str, str], _Stuck] = {}
     pod_groups: dict[tuple[str, str], list[_Stuck]] = {}
     for pod in pods:

@@ -22,8 +22,8 @@ from diagnoser.checks.k8s.common import (
     join,
     kubernetes_of,
     ref,
-    rs_owners,
     since,
+    with_owners,
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
@@ -51,10 +51,10 @@ class _Kills:
 async def oom_killed(params: OomKilledParams, ctx: CheckContext) -> CheckResult:
     """One row per (namespace, workload, container) OOMKilled in at least ``min_count`` pods."""
     source = kubernetes_of(ctx)
-    pods = await source.list_objects("pods", namespaces=params.namespaces)
-    if isinstance(pods, SourceError):
-        return pods
-    owners = await rs_owners(source, params.namespaces)
+    read = await with_owners(source, params.namespaces, "pods")
+    if isinstance(read, SourceError):
+        return read
+    [pods], owners = read
     start = since(params, ctx)
     groups: dict[tuple[str, str, str], _Kills] = {}
     for pod in pods:

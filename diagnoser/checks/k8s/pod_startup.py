@@ -20,12 +20,11 @@ from diagnoser.checks.k8s.common import (
     WindowParams,
     involved,
     kubernetes_of,
-    list_namespaced,
     recent_events,
     ref,
-    rs_owners,
     seconds,
     since,
+    with_owners,
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
@@ -53,12 +52,11 @@ class PodStartupParams(WindowParams):
 async def pod_startup(params: PodStartupParams, ctx: CheckContext) -> CheckResult:
     """One row per workload whose start-time statistic is over ``budget_seconds``."""
     source = kubernetes_of(ctx)
-    listed = await list_namespaced(source, params.namespaces, "pods", "events")
-    if isinstance(listed, SourceError):
-        return listed
-    pods, events = listed
+    read = await with_owners(source, params.namespaces, "pods", "events")
+    if isinstance(read, SourceError):
+        return read
+    (pods, events), owners = read
     start = since(params, ctx)
-    owners = await rs_owners(source, params.namespaces)
     pod_workload = {ref(pod): (ref(pod)[0], *workload_of(pod, owners)) for pod in pods}
     starts = _start_durations(pods, pod_workload, start)
     pulls = _pull_durations(events, pod_workload, start)
