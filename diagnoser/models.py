@@ -151,6 +151,10 @@ class SourceError(BaseModel):
     source: str
     message: str
     rule_id: str | None = Field(default=None, exclude=True)
+    #: ``endpoint``: the source itself is unusable this run (down, stuck, not the API it should be);
+    #: ``deadline``: the diagnosis deadline cut a rule short. Not in the JSON contract: it only
+    #: lets an endpoint failure absorb the deadline entries it caused (one cause, one entry).
+    scope: Literal["query", "endpoint", "deadline"] = Field(default="query", exclude=True)
 
     @field_validator("message")
     @classmethod

@@ -99,6 +99,7 @@ async def diagnose(
                                 # No rule id in the text: one cause, one entry (rules counted).
                                 message="no answer before the diagnosis deadline",
                                 rule_id=rule.id,
+                                scope="deadline",
                             )
                         ],
                     )

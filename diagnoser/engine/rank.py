@@ -42,10 +42,19 @@ def _identity(finding: Finding) -> dict[str, str]:
 
 
 def collapse_errors(errors: list[SourceError]) -> list[SourceError]:
-    """One entry per (source, message), saying how many rules it affected."""
+    """One entry per (source, message), saying how many rules it affected.
+
+    A source whose endpoint failed (down, stuck, not its API) explains the rules of that source
+    the deadline cut short: on a loaded machine the slow endpoint's own timeout and the deadline
+    can both be reached in one run, and that is one cause, reported once.
+    """
+    failed_endpoints = {e.source: e.message for e in errors if e.scope == "endpoint"}
     counts: dict[tuple[str, str], list[str]] = {}
     for error in errors:
-        counts.setdefault((error.source, error.message), []).append(error.rule_id or "")
+        message = error.message
+        if error.scope == "deadline" and error.source in failed_endpoints:
+            message = failed_endpoints[error.source]
+        counts.setdefault((error.source, message), []).append(error.rule_id or "")
     collapsed = []
     for (source, message), rule_ids in counts.items():
         affected = len({r for r in rule_ids if r})

@@ -262,7 +262,7 @@ class PrometheusSource:
         return None
 
     def _remember(self, message: str) -> SourceError:
-        error = self._error(message)
+        error = SourceError(source=SOURCE, message=scrub_text(message), scope="endpoint")
         self._endpoint_failure = (time.monotonic() + _ENDPOINT_FAILURE_MEMORY_S, error)
         return error
 

@@ -24,6 +24,7 @@ class FakeParams(BaseModel):
     rows: list[dict[str, str | float]] = []
     raise_error: bool = False
     source_error: str | None = None
+    endpoint_error: bool = False
     sleep_s: float = 0.0
 
 
@@ -34,7 +35,8 @@ async def fake_check(params: FakeParams, ctx: CheckContext) -> CheckResult:
     if params.raise_error:
         raise RuntimeError("bug in a check")
     if params.source_error:
-        return SourceError(source="prometheus", message=params.source_error)
+        scope = "endpoint" if params.endpoint_error else "query"
+        return SourceError(source="prometheus", message=params.source_error, scope=scope)
     return [
         Evidence(
             source="prometheus",
@@ -86,6 +88,24 @@ def test_one_deadline_for_all_rules(tmp_path: Path) -> None:
     assert [f.rule_id for f in findings if f.cause != "source_unavailable"] == ["fast/r"]
     # One cause, one entry: the rules it cut short are counted, not listed one by one.
     assert [e.message for e in errors] == ["no answer before the diagnosis deadline (20 rules affected)"]
+
+
+def test_rules_cut_short_by_the_deadline_count_under_the_failed_endpoint_that_held_them(tmp_path: Path) -> None:
+    # A stuck Prometheus on a loaded machine: some rules meet its own timeout, the rest the deadline.
+    message = "no answer within 1s from http://p:9090"
+    for index in range(2):
+        rule(tmp_path, f"x/timed-out{index}", f"  - test_fake: {{source_error: '{message}', endpoint_error: true}}\n")
+    for index in range(3):
+        rule(tmp_path, f"x/cut{index}", "  - test_fake: {sleep_s: 30}\n")
+    _, errors, _ = run(tmp_path, deadline=0.5)
+    assert [e.message for e in errors] == [f"{message} (5 rules affected)"]
+
+
+def test_a_query_error_does_not_absorb_the_deadline(tmp_path: Path) -> None:
+    rule(tmp_path, "x/bad", "  - test_fake: {source_error: 'HTTP 400: parse error'}\n")
+    rule(tmp_path, "x/cut", "  - test_fake: {sleep_s: 30}\n")
+    _, errors, _ = run(tmp_path, deadline=0.5)
+    assert sorted(e.message for e in errors) == ["HTTP 400: parse error", "no answer before the diagnosis deadline"]
 
 
 def test_source_errors_collapse_and_become_one_source_unavailable_finding(tmp_path: Path) -> None:
