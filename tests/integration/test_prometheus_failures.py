@@ -15,14 +15,22 @@ import pytest
 from diagnoser.testing.processes import free_port
 from tests.conftest import IncidentPrometheus, run_cli
 
+#: How long the slow server takes to answer: far beyond the run's 4 s deadline.
+SLOW_S = 30
+
 
 class _Behaviour(BaseHTTPRequestHandler):
     mode = "slow"
+    #: When the first request arrived (the run had begun): the deadline is judged from there, so a
+    #: slow interpreter start on a busy machine does not count against it.
+    first_request_at: list[float]
 
     def do_GET(self) -> None:
         status = 200
+        if not self.first_request_at:
+            self.first_request_at.append(time.monotonic())
         if self.mode == "slow":
-            time.sleep(5)
+            time.sleep(SLOW_S)
             body, kind = b'{"status":"success","data":{"resultType":"vector","result":[]}}', "application/json"
         elif self.mode == "html404":  # a web server that is not Prometheus (nginx's own 404 page)
             status = 404
@@ -45,13 +53,14 @@ class _Behaviour(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(params=["slow", "html404", "garbage", "broken_json"])
-def misbehaving_prometheus(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
-    handler = type("Handler", (_Behaviour,), {"mode": request.param})
+def misbehaving_prometheus(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, list[float]]]:
+    first_request_at: list[float] = []
+    handler = type("Handler", (_Behaviour,), {"mode": request.param, "first_request_at": first_request_at})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield request.param, f"http://127.0.0.1:{server.server_address[1]}"
+    yield request.param, f"http://127.0.0.1:{server.server_address[1]}", first_request_at
     server.shutdown()
     server.server_close()
 
@@ -84,13 +93,14 @@ def test_prometheus_down(tmp_path: Path) -> None:
     assert "sources that could not answer" in table.stdout
 
 
-def test_prometheus_slow_garbage_or_not_prometheus(misbehaving_prometheus: tuple[str, str], tmp_path: Path) -> None:
-    mode, url = misbehaving_prometheus
+def test_prometheus_slow_garbage_or_not_prometheus(
+    misbehaving_prometheus: tuple[str, str, list[float]], tmp_path: Path
+) -> None:
+    mode, url, first_request_at = misbehaving_prometheus
     config = tmp_path / "c.yaml"
     config.write_text("prometheus: {query_timeout_s: 1}\ndeadline_s: 4\n")
-    started = time.monotonic()
     result = run_cli("now", "--config", str(config), "--prometheus-url", url, "--format", "json")
-    elapsed = time.monotonic() - started
+    elapsed = time.monotonic() - first_request_at[0]
     assert result.code == 1, result.stderr
     report = _report(result.stdout)
     findings = report["findings"]
@@ -107,8 +117,9 @@ def test_prometheus_slow_garbage_or_not_prometheus(misbehaving_prometheus: tuple
     assert expected in messages
     assert len(errors) == 1, errors  # one cause, one entry
     assert "Sign in" not in result.stdout and "nginx" not in result.stdout  # bodies are summarised, never dumped
-    # Process start-up plus the 4 s deadline: the run does not wait for the 5 s server.
-    assert elapsed < 4 + 4
+    # From its first request, the run ends within its 4 s deadline (and a margin for printing and
+    # exiting): it does not wait for the 30 s server.
+    assert elapsed < 4 + 2
 
 
 def test_query_error_is_reported_and_other_rules_still_run(
@@ -146,7 +157,9 @@ def test_a_port_that_accepts_and_never_answers_is_bounded(tmp_path: Path) -> Non
             "--format", "json",
         )
         assert result.code == 1
-        assert time.monotonic() - started < 3 + 4
+        # The run ends of its own deadline (3 s, plus start-up, which a busy machine can stretch by
+        # seconds), not of run_cli's 60 s limit: the unanswered socket does not hold it.
+        assert time.monotonic() - started < 20
         assert "source_unavailable" in [f["cause"] for f in _report(result.stdout)["findings"]]  # type: ignore[union-attr]
     finally:
         listener.close()
