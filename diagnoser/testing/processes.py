@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -22,8 +23,36 @@ from pathlib import Path
 __all__ = ["free_port", "local_redis", "running", "stop_process", "wait_port"]
 
 
+#: Ports handed out for servers started by another process: below Linux's default ephemeral range
+#: (32768-60999), so neither an outgoing connection's source port nor another ``bind(0)`` takes one.
+_SERVER_PORTS = range(10_000, 32_768)
+#: Parallel test workers (pytest-xdist sets PYTEST_XDIST_WORKER=gw0, gw1, ...; their children inherit
+#: it) each draw from their own slice, so two workers never pick the same port between its pick and
+#: the server's bind.
+_WORKER_SLICES = 8
+#: Independent of any seed a test sets on the module-level generator.
+_PICK = random.SystemRandom()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server another process will start.
+
+    A port from ``bind(0)`` is only free until the socket closes: under parallel tests another
+    process can be handed the same one before the server binds it. Ports come instead from a
+    range the kernel never assigns by itself, a slice of it per test worker, at random within it.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % _WORKER_SLICES if worker.isdigit() else 0
+    width = len(_SERVER_PORTS) // _WORKER_SLICES
+    start = _SERVER_PORTS.start + index * width
+    for _ in range(256):
+        port = _PICK.randrange(start, start + width)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
