@@ -157,12 +157,12 @@ async def test_connection_refused(source_for: SourceFactory) -> None:
 
 async def test_slow_server_times_out_once(serve: ServeFactory, source_for: SourceFactory) -> None:
     server = serve("healthy", "slow")
-    server.slow_s = 2.0
+    server.slow_s = 8.0  # far later than the timeout, so the bound below holds on a busy machine too
     started = time.monotonic()
     result = await source_for(server, timeout_s=0.5).node_stats()
     assert isinstance(result, SourceError)
     assert "timed out after 0.5s" in result.message
-    assert time.monotonic() - started < 1.8
+    assert time.monotonic() - started < 4
     assert len(server.requests) == 1
 
 

@@ -152,11 +152,12 @@ async def test_missing_api_group_is_a_404_error_naming_the_group(serve, source_f
 
 
 async def test_timeout_is_an_error_and_not_retried(serve, source_for) -> None:
-    server = serve(scenarios.healthy(), faults={"events": Fault(delay_s=2.0)})
+    # The answer comes far later than the timeout, so the bound below holds on a busy machine too.
+    server = serve(scenarios.healthy(), faults={"events": Fault(delay_s=8.0)})
     source = source_for(server, timeout_s=0.3)
     started = time.monotonic()
     events = await source.list_objects("events")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 4
     assert isinstance(events, SourceError)
     assert events.message.startswith("timed out after 0.3s: list events")
     assert server.requested_paths().count("/api/v1/events") == 1

@@ -84,7 +84,7 @@ def test_one_deadline_for_all_rules(tmp_path: Path) -> None:
         rule(tmp_path, f"slow/r{index}", "  - test_fake: {sleep_s: 30}\n")
     rule(tmp_path, "fast/r", "  - test_fake: {rows: [{pool: p1}]}\n")
     findings, errors, elapsed = run(tmp_path, deadline=0.5)
-    assert elapsed < 2.0
+    assert elapsed < 10  # the rules sleep 30 s: only the deadline ends the run this early
     assert [f.rule_id for f in findings if f.cause != "source_unavailable"] == ["fast/r"]
     # One cause, one entry: the rules it cut short are counted, not listed one by one.
     assert [e.message for e in errors] == ["no answer before the diagnosis deadline (20 rules affected)"]
