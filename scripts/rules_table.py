@@ -1,7 +1,7 @@
-"""Regenerate the rule table in README.md from the shipped rule pack.
+"""Regenerate the rule table of docs/rules.md from the shipped rule pack.
 
-python scripts/readme_rules.py          # rewrite README.md in place
-python scripts/readme_rules.py --check  # exit 1 if README.md is out of date (used by the tests)
+python scripts/rules_table.py          # rewrite docs/rules.md in place
+python scripts/rules_table.py --check  # exit 1 if docs/rules.md is out of date (used by the tests)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from diagnoser.ruleset import load_rules
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+RULES_PAGE = REPO / "docs" / "rules.md"
 START, END = "<!-- rules-table:start -->", "<!-- rules-table:end -->"
 
 
@@ -24,7 +24,7 @@ def rules_table() -> str:
         kind = " (symptom)" if rule.kind == "symptom" else ""
         title = " ".join(rule.description.split()) if rule.description else _first_comment(rule.path)
         lines.append(
-            f"| [`{rule.id}`](rules/{rule.id}.md) | `{rule.cause}`{kind} | {rule.severity.value} "
+            f"| [`{rule.id}`](../rules/{rule.id}.md) | `{rule.cause}`{kind} | {rule.severity.value} "
             f"| {', '.join(rule.sources)} | {title} |"
         )
     return "\n".join(lines)
@@ -40,8 +40,8 @@ def _first_comment(path: Path) -> str:
     return " ".join(comment).replace("|", "\\|")
 
 
-def render(readme: str) -> str:
-    head, rest = readme.split(START, 1)
+def render(page: str) -> str:
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{rules_table()}\n{END}{tail}"
 
@@ -50,16 +50,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    current = README.read_text(encoding="utf-8")
+    current = RULES_PAGE.read_text(encoding="utf-8")
     wanted = render(current)
     if args.check:
         if current != wanted:
-            print(
-                "README.md's rule table is out of date: run python scripts/readme_rules.py", file=sys.stderr
-            )
+            print("docs/rules.md's rule table is out of date: run python scripts/rules_table.py",
+                  file=sys.stderr)
             return 1
         return 0
-    README.write_text(wanted, encoding="utf-8")
+    RULES_PAGE.write_text(wanted, encoding="utf-8")
     return 0
 
 
