@@ -10,8 +10,12 @@ setup:
 demo: setup
 	@$(PY) demo/run.py
 
+# In parallel: TEST_WORKERS processes (pytest-xdist); the load-heavy tests all go to one of them,
+# one at a time (tests/conftest.py, load_heavy). Most tests wait on servers, scrapes and
+# subprocesses rather than compute, so there are more workers than this machine's two cores.
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: setup
 	$(VENV)/bin/ruff check diagnoser tests bench demo

@@ -17,6 +17,12 @@ from diagnoser.testing.prometheus import LocalPrometheus
 from diagnoser.testing.rules import backfill_text, parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: A test that drives sustained load or a live test bed, whose verdict depends on having CPU to
+#: itself (a knee, a detection time, a rate held). ``make test`` runs the suite in parallel
+#: (pytest-xdist, ``--dist loadgroup``): every test so marked runs on one worker, one after the
+#: other, so two of them never compete for this machine's cores; the rest share the other workers.
+load_heavy = pytest.mark.xdist_group("load")
 INCIDENT = REPO / "examples" / "checkout-incident.yaml"
 
 

@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 
 from examples.feature_service.testbed import FeatureTestBed, RedisServer
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, load_heavy, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, load_heavy]
 
 SLO_MS = 50
 #: The cases that are not about the knee use a generous SLO: a stall of this shared host must

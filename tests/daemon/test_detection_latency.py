@@ -25,10 +25,11 @@ import pytest
 
 from diagnoser.testing.processes import free_port
 from diagnoser.testing.prometheus import LocalPrometheus
+from tests.conftest import load_heavy
 from tests.fixtures.pool_services.launch import clients, pool_service
 from tests.fixtures.slack_server import SlackFixtureServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, load_heavy]
 
 INTERVAL_S = 2.0
 CONFIRM_S = 10.0

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_heavy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, load_heavy]
 
 PR_SET_CHILD_SUBREAPER = 36
 

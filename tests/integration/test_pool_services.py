@@ -18,9 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from diagnoser.testing.processes import local_redis
+from tests.conftest import load_heavy
 from tests.fixtures.pool_services.launch import pool_service
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, load_heavy]
 
 HOLD_S = 1.5
 

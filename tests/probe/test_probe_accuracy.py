@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from diagnoser.config import ProbeSettings
 from diagnoser.probe import ProbeRun, spec_from_url
+from tests.conftest import load_heavy
 from tests.probe.conftest import DelayServer
+
+pytestmark = load_heavy
 
 STALL_MS = 1000
 

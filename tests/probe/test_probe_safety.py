@@ -118,7 +118,11 @@ async def test_stop_does_not_wait_for_a_far_off_send_time(server: DelayServer) -
 
     run = ProbeRun(spec_from_url(f"{server.url}/delay?ms=1", rate=0.2, duration_s=60), ProbeSettings())
     task = asyncio.create_task(run.run())
-    await asyncio.sleep(0.3)
+    # Stop once the first request (sent at once) has been answered; the next is 5 s away.
+    for _ in range(100):
+        if server.stats()["count"] >= 1:
+            break
+        await asyncio.sleep(0.05)
     started = time.monotonic()
     run.stop()
     result = await asyncio.wait_for(task, 3)
