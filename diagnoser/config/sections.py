@@ -143,8 +143,12 @@ class DaemonSettings(_Section):
     #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager. Loopback by
     #: default: /metrics has no authentication; a pod listens on ``0.0.0.0:8080`` explicitly.
     listen: str = "127.0.0.1:8080"
-    #: Open HTTP connections beyond this are answered 503 and closed.
+    #: Open HTTP connections beyond this are answered 503 and closed (a few more are kept for
+    #: /healthz and /readyz, so the probes still answer at the cap).
     http_max_connections: int = Field(default=100, ge=1, le=10000)
+    #: Open HTTP connections from one client address beyond this are answered 503 and closed,
+    #: so one client cannot hold the whole cap.
+    http_max_connections_per_peer: int = Field(default=20, ge=1, le=10000)
     #: A connection must send its request headers within this (else 408); also the idle
     #: keep-alive time.
     http_header_timeout_s: float = Field(default=10.0, gt=0)
