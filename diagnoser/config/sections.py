@@ -9,6 +9,7 @@ import ipaddress
 import re
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -111,6 +112,21 @@ class SlackSettings(_Section):
     #: again only when it is still absent this long after it was sent: a request Slack is
     #: still processing must not become a second message.
     in_doubt_settle_s: float = Field(default=60.0, ge=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        # Refused at start: such a URL used to start the daemon and fail every delivery as
+        # "Slack answered garbage", retried forever with the queue behind it. The message
+        # never quotes the value, which holds the password.
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as https://slack.com/api/")
+        if "@" in parts.netloc:
+            raise ValueError(
+                "must not carry a user or password (user:pass@): Slack authenticates with slack.token"
+            )
+        return value
 
 
 class LeaderElectionSettings(_Section):
