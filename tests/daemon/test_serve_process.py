@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,6 +86,18 @@ def _start(config: dict[str, Any], tmp_path: Path, *extra: str) -> tuple[subproc
             [*serve_argv(), "--config", str(path), *extra], stdout=out, stderr=subprocess.STDOUT, env=env
         )
     return process, log
+
+
+@contextlib.contextmanager
+def serving(config: dict[str, Any], tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """:func:`_start`; on the way out, a process still running is killed."""
+    process, log = _start(config, tmp_path, *extra)
+    try:
+        yield process, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def _get(url: str | urllib.request.Request, timeout: float = 3) -> tuple[int, str]:
