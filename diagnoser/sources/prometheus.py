@@ -118,9 +118,13 @@ class PrometheusSource:
             max_connections=self.settings.max_concurrency,
             max_keepalive_connections=self.settings.max_concurrency,
         )
+        # The real URL (credentials and all): self.url is only for what is printed. Its path is
+        # the API's prefix; its query string (a tenant, an access token) goes with every request,
+        # since httpx would otherwise paste the request's path after it.
+        endpoint = httpx.URL(str(self.settings.url))
         return httpx.AsyncClient(
-            # The real URL (credentials and all): self.url is only for what is printed.
-            base_url=str(self.settings.url).rstrip("/"),
+            base_url=endpoint.copy_with(query=None, fragment=None),
+            params=endpoint.params,
             headers=headers,
             auth=auth,
             verify=verify,

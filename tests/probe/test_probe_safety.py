@@ -60,12 +60,23 @@ async def test_a_host_outside_the_allowlist_is_refused_before_any_request(
         await run_probe(spec, ProbeSettings(allowed_hosts=["*.staging.example.com"]), explicit_target=False)
     assert server.stats()["count"] == 0
     # The same file runs once its host is allowed; a URL typed on the command line needs no entry.
+    # A loopback address is allowed only by name: a pattern never covers it (below).
     result = await run_probe(
         spec.model_copy(update={"schedule": spec_from_url(spec.target, rate=10, duration_s=0.2).schedule}),
-        ProbeSettings(allowed_hosts=["127.0.0.*"]),
+        ProbeSettings(allowed_hosts=["127.0.0.1"]),
         explicit_target=False,
     )
     assert result.sent == 2
+
+
+@pytest.mark.parametrize("pattern", ["*", "1*", "127.0.0.*"])
+async def test_a_pattern_never_allows_a_loopback_address(
+    tmp_path: Path, server: DelayServer, pattern: str
+) -> None:
+    path = _write(tmp_path, f"target: {server.url}/delay?ms=1\nschedule: {{rate: 10, duration_s: 0.2}}\n")
+    with pytest.raises(ProbeSafetyError, match=r"127\.0\.0\.1, a loopback address: add 127\.0\.0\.1 itself"):
+        await run_probe(load_probe_file(path), ProbeSettings(allowed_hosts=[pattern]), explicit_target=False)
+    assert server.stats()["count"] == 0
 
 
 async def test_error_ratio_over_threshold_stops_the_run_within_one_window(server: DelayServer) -> None:
