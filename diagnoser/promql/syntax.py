@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import Any
 
 import promql_parser as pp
 
@@ -52,19 +53,27 @@ def parse(query: str) -> pp.Expr:
         raise PromqlSyntaxError(query, str(exc)) from exc
 
 
+def _one(node: Any) -> list[pp.Expr]:
+    return [node.expr]
+
+
+#: Each node type's sub-expressions, in the order they are written (a lookup by exact type: the
+#: parser makes no subclasses, and every evaluation walks every query's tree).
+_CHILDREN: dict[type, Callable[[Any], list[pp.Expr]]] = {
+    pp.BinaryExpr: lambda node: [node.lhs, node.rhs],
+    pp.AggregateExpr: lambda node: [node.expr] if node.param is None else [node.param, node.expr],
+    pp.Call: lambda node: list(node.args),
+    pp.MatrixSelector: lambda node: [node.vector_selector],
+    pp.ParenExpr: _one,
+    pp.UnaryExpr: _one,
+    pp.SubqueryExpr: _one,
+}
+
+
 def children(node: pp.Expr) -> list[pp.Expr]:
     """The sub-expressions of ``node``, in the order they are written."""
-    if isinstance(node, pp.BinaryExpr):
-        return [node.lhs, node.rhs]
-    if isinstance(node, pp.AggregateExpr):
-        return [node.param, node.expr] if node.param is not None else [node.expr]
-    if isinstance(node, pp.Call):
-        return list(node.args)
-    if isinstance(node, pp.MatrixSelector):
-        return [node.vector_selector]
-    if isinstance(node, pp.ParenExpr | pp.UnaryExpr | pp.SubqueryExpr):
-        return [node.expr]
-    return []
+    found = _CHILDREN.get(type(node))
+    return found(node) if found is not None else []
 
 
 def walk(node: pp.Expr, visit: Callable[[pp.Expr, tuple[pp.Expr, ...]], None]) -> None:
@@ -78,9 +87,13 @@ def walk(node: pp.Expr, visit: Callable[[pp.Expr, tuple[pp.Expr, ...]], None]) -
 
 
 def _selectors(node: pp.Expr) -> Iterator[pp.VectorSelector]:
-    found: list[pp.VectorSelector] = []
-    walk(node, lambda n, _: found.append(n) if isinstance(n, pp.VectorSelector) else None)
-    return iter(found)
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, pp.VectorSelector):
+            yield current
+        else:
+            stack.extend(children(current))
 
 
 def selector_name(selector: pp.VectorSelector) -> str | None:
