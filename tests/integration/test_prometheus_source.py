@@ -66,6 +66,13 @@ def test_rewrite_metric_names(promql: str, overrides: dict[str, str], expected: 
     assert rewrite_metric_names(promql, overrides) == expected
 
 
+def test_a_query_to_rename_that_does_not_parse_is_an_error_entry(incident_prometheus: IncidentPrometheus) -> None:
+    broken = query(incident_prometheus, "sum(h_count", h="x")
+    assert isinstance(broken, SourceError)
+    assert "cannot rename metrics per config: PromQL does not parse" in broken.message
+    assert "sum(h_count" in broken.message
+
+
 def test_metric_names_at_an_instant(incident_prometheus: IncidentPrometheus) -> None:
     source = PrometheusSource(PrometheusSettings(url=incident_prometheus.url))
     during = datetime.fromtimestamp(incident_prometheus.start_s + 35 * 60, UTC)

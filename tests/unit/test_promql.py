@@ -4,6 +4,7 @@ survives rewriting; the printer keeps what changes an answer; one duration parse
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import promql_parser
 import pytest
@@ -28,7 +29,7 @@ from diagnoser.promql import (
     rewrite,
 )
 from diagnoser.ruleset import load_rules
-from diagnoser.ruleset.lint import rule_queries
+from diagnoser.ruleset.lint import lint_static, rule_queries
 
 
 def _pack() -> list[tuple[str, str]]:
@@ -159,6 +160,19 @@ def test_a_query_that_does_not_parse_names_itself() -> None:
         parse("sum(rate(x[5m])")
     assert caught.value.query == "sum(rate(x[5m])"
     assert "PromQL does not parse" in str(caught.value) and "sum(rate(x[5m])" in str(caught.value)
+
+
+def test_lint_names_the_rule_whose_query_does_not_parse(tmp_path: Path) -> None:
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "broken.yaml").write_text(
+        "cause: dependency_slow\nseverity: warning\ntitle: t\nsummary: s\n"
+        "when:\n  - promql: {query: 'sum(rate(x_total[5m])'}\n",
+        encoding="utf-8",
+    )
+    problems = lint_static(load_rules([tmp_path], include_builtin=False), Settings())
+    assert len(problems) == 1
+    assert "rule team/broken: field when[0].promql.query: PromQL does not parse" in problems[0]
+    assert "sum(rate(x_total[5m])" in problems[0]
 
 
 def test_one_duration_parser() -> None:
