@@ -4,9 +4,8 @@ Schema problems are found when rules load. Lint adds:
 
 - static checks, always: a query the PromQL parser cannot read, a rule that names a metric of
   the signal catalogue directly (it then misses every other convention: name the signal
-  instead), and a title, summary or
-  recommendation field naming a label the rule's series may lack (``{namespace}`` on series
-  scraped outside Kubernetes: use ``{subject}``);
+  instead), and a title, summary or recommendation field naming a label the rule's series may
+  lack (``{namespace}`` on series scraped outside Kubernetes: use ``{subject}``);
 - with a Prometheus, every query evaluated once: PromQL that does not parse, functions the server
   lacks, a range query where an instant one is needed. A signal query is checked as instantiated
   for every convention of the catalogue, present or not.
