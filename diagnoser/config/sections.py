@@ -234,9 +234,3 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_seconds(duration: str) -> float:
-    """A PromQL duration (``1h30m``) in seconds."""
-    return float(sum(int(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)))
