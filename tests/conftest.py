@@ -39,7 +39,7 @@ def _load_heavy_ahead_of_other_work(request: pytest.FixtureRequest) -> Iterator[
     it, the priority stays as it is. Module-wide, so the module's own fixtures (a test bed, a
     capacity run shared by its tests) start with it too.
     """
-    if request.node.get_closest_marker("xdist_group") is None:
+    if load_heavy.mark not in request.node.iter_markers("xdist_group"):
         yield
         return
     before = os.getpriority(os.PRIO_PROCESS, 0)
