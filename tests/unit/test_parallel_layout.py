@@ -9,6 +9,7 @@ and reads which worker ran what.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -53,4 +54,4 @@ def test_a_group_runs_on_one_worker_one_test_at_a_time(tmp_path: Path) -> None:
     assert len(runs) == 6
     assert len({worker for _, worker, _, _ in runs}) == 1, runs
     spans = sorted((float(start), float(end)) for _, _, start, end in runs)
-    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False))
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
