@@ -157,7 +157,9 @@ async def test_no_connection_reuse_over_tls_is_handshake_overhead(tls_server: De
     assert "probe/probe-tls-handshake-overhead" in fired, result.phase_share_p99
     assert "100% of requests opened a new connection" in fired["probe/probe-tls-handshake-overhead"]
     reused = await _tls_probe(tls_server.url + "/delay?ms=0")
-    assert reused.connections_opened <= 5
+    # Kept alive, most requests ride an open connection; a new one opens only while all are busy
+    # (a few, more while a busy machine slows the handshakes).
+    assert reused.connections_opened < reused.finished / 2, reused.connections_opened
     assert "probe/probe-tls-handshake-overhead" not in _fired(await _diagnose(reused))
 
 
