@@ -29,27 +29,38 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
-from diagnoser.signals import Expansion, expansions, load_catalogue, normalise_labels, validate_template
-from diagnoser.signals.catalogue import active_catalogue
+from diagnoser.signals import (
+    Catalogue,
+    Expansion,
+    expansions,
+    load_catalogue,
+    normalise_labels,
+    validate_template,
+)
 from diagnoser.sources.prometheus import PrometheusSource
 
-if TYPE_CHECKING:
-    from diagnoser.config import Settings
-
-__all__ = ["SignalParams", "signal_check", "templates_of"]
+__all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
 
 SOURCE = "prometheus"
 #: Metric names are looked up over at least this long before the instant evaluated.
 MIN_NAMES_LOOKBACK_S = 300.0
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def catalogue_of(info: ValidationInfo) -> Catalogue:
+    """The catalogue a condition is checked against: the validation context's (the one the
+    rules load with, ``resolve_condition(..., catalogue=)``), else the shipped one."""
+    context = info.context if isinstance(info.context, dict) else {}
+    catalogue = context.get("catalogue")
+    return catalogue if isinstance(catalogue, Catalogue) else load_catalogue()
 
 
 class Alternative(BaseModel):
@@ -62,8 +73,8 @@ class Alternative(BaseModel):
 
     @field_validator("query")
     @classmethod
-    def _query_signals(cls, value: str) -> str:
-        validate_template(value, active_catalogue())
+    def _query_signals(cls, value: str, info: ValidationInfo) -> str:
+        validate_template(value, catalogue_of(info))
         return value
 
 
@@ -78,9 +89,9 @@ class SignalParams(BaseModel):
 
     @field_validator("query")
     @classmethod
-    def _query_signals(cls, value: str | None) -> str | None:
+    def _query_signals(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
-            validate_template(value, active_catalogue())
+            validate_template(value, catalogue_of(info))
         return value
 
     @field_validator("any_of", mode="before")
@@ -112,9 +123,8 @@ def _seconds(duration: str) -> float:
     return float(sum(int(n) * _UNITS[u] for n, u in _DURATION.findall(duration)))
 
 
-def signal_queries(params: SignalParams, settings: Settings) -> list[tuple[str, str]]:
+def signal_queries(params: SignalParams, catalogue: Catalogue) -> list[tuple[str, str]]:
     """Every query the condition can send: each alternative under every convention of the catalogue."""
-    catalogue = load_catalogue(tuple(settings.signal_files))
     return [
         (f" ({expansion.convention.name})", expansion.query)
         for alternative in templates_of(params)
@@ -125,8 +135,8 @@ def signal_queries(params: SignalParams, settings: Settings) -> list[tuple[str, 
 @check_kind("signal", params=SignalParams, reads={SOURCE}, queries=signal_queries)
 async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
-    catalogue = load_catalogue(tuple(ctx.settings.signal_files))
-    lookback = max(MIN_NAMES_LOOKBACK_S, _seconds(ctx.settings.window))
+    catalogue = ctx.catalogue
+    lookback = max(MIN_NAMES_LOOKBACK_S, _seconds(ctx.window))
     present = await source.metric_names(ctx.at, lookback)
     if isinstance(present, SourceError):
         return present

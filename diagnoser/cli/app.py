@@ -10,7 +10,7 @@ import logging
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from diagnoser.engine import load_ruleset
 from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError
 from diagnoser.ruleset import RuleSet
+
+if TYPE_CHECKING:
+    from diagnoser.sources.kubernetes.credentials import Credentials
 
 __all__ = [
     "ConfigOption",
@@ -113,10 +116,13 @@ def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> 
     return ruleset
 
 
-def check_inputs_or_exit(settings: Settings) -> None:
-    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load."""
+def check_inputs_or_exit(settings: Settings) -> Credentials | None:
+    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load.
+
+    Returns the Kubernetes credentials loaded on the way, so the run does not read them again.
+    """
     try:
-        check_inputs(settings)
+        return check_inputs(settings)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
 

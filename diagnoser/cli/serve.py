@@ -70,7 +70,7 @@ def serve_command(
         overrides["daemon"] = daemon
     try:
         settings = load_settings(config, overrides=overrides or None)
-        check_inputs(settings, daemon=True)
+        credentials = check_inputs(settings, daemon=True)
         if not configured_sources(settings):
             raise ConfigError(
                 "no source configured: set prometheus.url, kubernetes, elasticsearch or "
@@ -85,7 +85,7 @@ def serve_command(
 
     try:
         # The loop every probe runs on, so the daemon's probe measures as diagnose probe does.
-        run_event_loop(run_daemon(settings))
+        run_event_loop(run_daemon(settings, credentials=credentials))
     except (DiagnoserError, OSError) as exc:  # e.g. the listen port is taken, the state dir unwritable
         log.error("cannot run the daemon: %s", exc)
         raise typer.Exit(2) from exc

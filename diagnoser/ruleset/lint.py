@@ -137,16 +137,19 @@ def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
     variables = rule.variables(
         settings, signals={"queue_length": "diagnoser_lint_unset_signal", **settings.signals}
     )
+    catalogue = load_catalogue(tuple(settings.signal_files))
     found: list[tuple[str, str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):
         for index, condition in enumerate(conditions):
             try:
-                resolved = resolve_condition(condition.kind, condition.raw_params, variables)
+                resolved = resolve_condition(
+                    condition.kind, condition.raw_params, variables, catalogue=catalogue
+                )
             except MissingVariable:
                 continue
             kind = condition.kind.name
             where = f"{rule.path}: rule {rule.id}: field {section}[{index}].{kind}.query"
-            for alternative, query in condition.kind.queries_of(resolved, settings):
+            for alternative, query in condition.kind.queries_of(resolved, catalogue):
                 if alternative.startswith("."):  # another field of the condition
                     found.append((where.replace(".query", alternative), query, kind))
                 else:
