@@ -15,6 +15,7 @@ import typer
 
 from diagnoser.cli.app import (
     ConfigOption,
+    FormatOption,
     OutputFormat,
     PrometheusOption,
     app,
@@ -23,6 +24,7 @@ from diagnoser.cli.app import (
     fail,
     load_cli_rules,
     load_cli_settings,
+    run_loop,
     stderr,
     stdout,
 )
@@ -35,7 +37,7 @@ from diagnoser.engine.scope import ReportScope
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
-from diagnoser.probe.entry import PreparedProbe, prepare_probe, run_event_loop
+from diagnoser.probe.entry import PreparedProbe, prepare_probe
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet
 
@@ -53,7 +55,6 @@ At = Annotated[
 ]
 SloP99 = Annotated[float | None, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms.")]
 SloErrors = Annotated[float | None, typer.Option("--slo-error-ratio", help="Error ratio SLO, e.g. 0.01.")]
-Format = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
 RuleDirs = Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory (repeatable).")]
 DeadlineSeconds = Annotated[
     float | None, typer.Option("--deadline", help="Overall deadline in seconds for all rules.")
@@ -143,7 +144,7 @@ def now(
     at: At = None,
     slo_p99_ms: SloP99 = None,
     slo_error_ratio: SloErrors = None,
-    output: Format = OutputFormat.table,
+    output: FormatOption = OutputFormat.table,
     rules_dir: RuleDirs = None,
     deadline: DeadlineSeconds = None,
     kubeconfig: Kubeconfig = None,
@@ -227,7 +228,7 @@ class _Run:
         # The deadline counts from the process's start: start-up, rule loading and the probe
         # spend it too (run_diagnosis owns it from here).
         deadline = Deadline.of_process(self.settings.deadline_s)
-        return run_event_loop(
+        return run_loop(
             run_diagnosis(
                 self.settings,
                 rules=self.rules,
