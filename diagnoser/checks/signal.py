@@ -115,7 +115,7 @@ class SignalParams(BaseModel):
 def templates_of(params: SignalParams) -> list[Alternative]:
     """The queries of a condition: its one query, or each of ``any_of`` in order."""
     if params.query is not None:
-        return [Alternative(query=params.query)]
+        return [Alternative.model_construct(query=params.query, what=None)]  # validated already
     return list(params.any_of or [])
 
 

@@ -112,9 +112,10 @@ def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str
     if finished is None:
         return None
     variables = rule.variables(settings)
+    catalogue = catalogue_of(settings)
     for condition in rule.when:
         try:
-            params = resolve_condition(condition.kind, condition.raw_params, variables)
+            params = resolve_condition(condition.kind, condition.raw_params, variables, catalogue=catalogue)
         except (MissingVariable, ValueError):
             continue
         if isinstance(params, ProbeParams) and finished < params.min_requests:
