@@ -8,7 +8,8 @@ Everything diagnoser raises on purpose derives from :class:`DiagnoserError`::
     ├── MissingVariable        a ``${...}`` placeholder names a value not set (also a KeyError):
     │                          an unset ``signals.X`` skips the rule
     ├── ExpressionError        a rule's ``compute`` expression is invalid or cannot be evaluated
-    │                          (also a ValueError); ``missing``: a value it names is absent
+    │   │                      (also a ValueError); ``missing``: a value it names is absent
+    │   └── PromqlSyntaxError  a PromQL query the parser cannot read (``query``, ``reason``)
     ├── ProbeSafetyError       a probe asked for more than its caps or a host outside the allowlist
     ├── SlackSendError         Slack did not take a message; its attributes say whether to retry
     ├── StateError             the daemon's state file cannot be opened or written (``reason`` says why)
@@ -35,6 +36,7 @@ __all__ = [
     "MissingVariable",
     "NotationError",
     "ProbeSafetyError",
+    "PromqlSyntaxError",
     "RuleProblem",
     "SlackSendError",
     "SourceNotConfigured",
@@ -103,6 +105,15 @@ class ExpressionError(DiagnoserError, ValueError):
         super().__init__(message)
         #: True when the expression is fine but a value it needs was not measured.
         self.missing = missing
+
+
+class PromqlSyntaxError(ExpressionError):
+    """A PromQL query that does not parse: ``reason`` is the parser's, ``query`` the text."""
+
+    def __init__(self, query: str, reason: str) -> None:
+        super().__init__(f"PromQL does not parse ({reason}): {' '.join(query.split())}")
+        self.query = query
+        self.reason = reason
 
 
 class SlackSendError(DiagnoserError):

@@ -13,7 +13,6 @@ predicted to reach its container limit within the hour is the classic use.
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
+from diagnoser.promql import duration_seconds, is_duration, is_selector
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
 if TYPE_CHECKING:
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AbsentParams", "PromqlParams", "TrendParams", "limit_query", "trend_query"]
 
-_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 SOURCE = "prometheus"
 
 
@@ -77,7 +76,7 @@ class TrendParams(BaseModel):
     @field_validator("window", "horizon", "resolution")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if not _DURATION.match(value):
+        if not is_duration(value):
             raise ValueError(f"{value!r} is not a PromQL duration like 5m or 1h30m")
         return value
 
@@ -135,19 +134,16 @@ async def absent(params: AbsentParams, ctx: CheckContext) -> CheckResult:
     return [Evidence(source=SOURCE, query=source.prepare(params.query), detail=f"no {what} found")]
 
 
-_SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
-
-
 def trend_query(params: TrendParams) -> str:
     """The PromQL the trend check sends: a range over a selector, or a subquery over an expression."""
     inner = params.query.strip()
     ranged = (
         f"{inner}[{params.window}]"
-        if _SELECTOR.match(inner)
+        if is_selector(inner)
         else f"({inner})[{params.window}:{params.resolution}]"
     )
     if params.function == "predict_linear":
-        return f"predict_linear({ranged}, {_seconds(params.horizon):g})"
+        return f"predict_linear({ranged}, {duration_seconds(params.horizon):g})"
     return f"deriv({ranged})"
 
 
@@ -213,13 +209,6 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
 
 def _key(labels: dict[str, str], on: list[str]) -> tuple[str, ...]:
     return tuple(labels.get(name, "") for name in on)
-
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def _seconds(duration: str) -> float:
-    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration))
 
 
 def _infinite_note(sample: Sample) -> str | None:

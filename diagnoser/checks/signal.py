@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -36,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
+from diagnoser.promql import duration_seconds
 from diagnoser.signals import (
     Catalogue,
     Expansion,
@@ -51,8 +51,6 @@ __all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
 SOURCE = "prometheus"
 #: Metric names are looked up over at least this long before the instant evaluated.
 MIN_NAMES_LOOKBACK_S = 300.0
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 
 def catalogue_of(info: ValidationInfo) -> Catalogue:
@@ -119,10 +117,6 @@ def templates_of(params: SignalParams) -> list[Alternative]:
     return list(params.any_of or [])
 
 
-def _seconds(duration: str) -> float:
-    return float(sum(int(n) * _UNITS[u] for n, u in _DURATION.findall(duration)))
-
-
 def signal_queries(params: SignalParams, catalogue: Catalogue) -> list[tuple[str, str]]:
     """Every query the condition can send: each alternative under every convention of the catalogue."""
     return [
@@ -136,7 +130,7 @@ def signal_queries(params: SignalParams, catalogue: Catalogue) -> list[tuple[str
 async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
     catalogue = ctx.catalogue
-    lookback = max(MIN_NAMES_LOOKBACK_S, _seconds(ctx.window))
+    lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window))
     present = await source.metric_names(ctx.at, lookback)
     if isinstance(present, SourceError):
         return present

@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 
 from diagnoser.config import Settings, load_settings
+from diagnoser.daemon.logs import MaskingFormatter
 from diagnoser.engine import load_ruleset
 from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError
@@ -184,12 +185,14 @@ _LIBRARY_LOGGERS = (
 
 
 def configure_logging(verbosity: int) -> None:
-    """Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbosity >= 2 else logging.WARNING,
-        stream=sys.stderr,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    """Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv.
+
+    Lines go out with the credentials of any URL in them removed: httpx logs each request's
+    full URL, and a ``prometheus.url`` may carry ``?access_token=...``.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbosity >= 2 else logging.WARNING, handlers=[handler])
     logging.captureWarnings(True)  # library warnings.warn() calls go through logging too
     if verbosity >= 1:
         logging.getLogger("diagnoser").setLevel(logging.DEBUG)

@@ -51,6 +51,15 @@ def serve_command(
         LogFormat.text
     ),
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            help="Libraries' routine lines too: each HTTP request, the scheduler's skipped runs.",
+        ),
+    ] = 0,
     listen: Annotated[
         str | None, typer.Option("--listen", help="host:port for /healthz, /readyz, /metrics, /alertmanager.")
     ] = None,
@@ -76,7 +85,7 @@ def serve_command(
             "no source configured: set prometheus.url, kubernetes, elasticsearch or "
             "daemon.probe_files (or give --prometheus-url)"
         )
-    configure_logging(settings, log_format=log_format.value, level=log_level)
+    configure_logging(settings, log_format=log_format.value, level=log_level, verbose=verbose)
     from diagnoser.daemon import run_daemon
 
     try:

@@ -7,14 +7,12 @@ would otherwise be read in some zone the user did not mean.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
+
+from diagnoser.promql import duration_seconds, is_duration
 
 __all__ = ["parse_instant"]
 
-_AGO = re.compile(r"([+-]?)((?:\d+(?:ms|s|m|h|d|w))+)")
-_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Clocks disagree a little: an instant this far ahead of ours still counts as now.
 _CLOCK_SKEW = timedelta(seconds=5)
 
@@ -26,12 +24,12 @@ def parse_instant(text: str, *, now: datetime | None = None) -> datetime:
     """
     now = now or datetime.now(UTC)
     value = text.strip()
-    ago = _AGO.fullmatch(value)
-    if ago:
-        if ago.group(1) == "+":
+    # A time ago is a PromQL duration, signed or not: ``-30m`` and ``30m`` both look back.
+    sign, ago = (value[0], value[1:]) if value.startswith(("+", "-")) else ("", value)
+    if is_duration(ago):
+        if sign == "+":
             raise ValueError(f"{text!r} is in the future: --at looks back (-30m or 30m: thirty minutes ago)")
-        seconds = sum(int(n) * _UNIT_S[unit] for n, unit in _PART.findall(ago.group(2)))
-        return now - timedelta(seconds=seconds)
+        return now - timedelta(seconds=duration_seconds(ago))
     try:
         parsed = datetime.fromtimestamp(float(value), UTC)
     except ValueError:

@@ -42,10 +42,10 @@ from diagnoser.config.sections import (
     Silence,
     SlackSettings,
     SloSettings,
-    duration_seconds,
     parse_listen_address,
 )
 from diagnoser.config.settings import Settings, check_paths, configured_sources, load_settings
+from diagnoser.promql import duration_seconds
 
 __all__ = [
     "DEFAULT_RUNBOOK_BASE_URL",

@@ -9,6 +9,7 @@ import ipaddress
 import re
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -112,6 +113,21 @@ class SlackSettings(_Section):
     #: still processing must not become a second message.
     in_doubt_settle_s: float = Field(default=60.0, ge=0)
 
+    @field_validator("base_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        # Refused at start: such a URL used to start the daemon and fail every delivery as
+        # "Slack answered garbage", retried forever with the queue behind it. The message
+        # never quotes the value, which holds the password.
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as https://slack.com/api/")
+        if "@" in parts.netloc:
+            raise ValueError(
+                "must not carry a user or password (user:pass@): Slack authenticates with slack.token"
+            )
+        return value
+
 
 class LeaderElectionSettings(_Section):
     """A coordination.k8s.io/v1 Lease decides which replica notifies (client-go's algorithm)."""
@@ -143,8 +159,12 @@ class DaemonSettings(_Section):
     #: ``host:port`` of /healthz, /readyz, /metrics and POST /alertmanager. Loopback by
     #: default: /metrics has no authentication; a pod listens on ``0.0.0.0:8080`` explicitly.
     listen: str = "127.0.0.1:8080"
-    #: Open HTTP connections beyond this are answered 503 and closed.
+    #: Open HTTP connections beyond this are answered 503 and closed (a few more are kept for
+    #: /healthz and /readyz, so the probes still answer at the cap).
     http_max_connections: int = Field(default=100, ge=1, le=10000)
+    #: Open HTTP connections from one client address beyond this are answered 503 and closed,
+    #: so one client cannot hold the whole cap.
+    http_max_connections_per_peer: int = Field(default=20, ge=1, le=10000)
     #: A connection must send its request headers within this (else 408); also the idle
     #: keep-alive time.
     http_header_timeout_s: float = Field(default=10.0, gt=0)
@@ -214,9 +234,3 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_seconds(duration: str) -> float:
-    """A PromQL duration (``1h30m``) in seconds."""
-    return float(sum(int(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)))

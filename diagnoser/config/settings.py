@@ -7,7 +7,6 @@ exist, the Kubernetes credentials that must load.
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,9 @@ from diagnoser.config.sections import (
     Silence,
     SlackSettings,
     SloSettings,
-    duration_seconds,
 )
 from diagnoser.errors import ConfigError
+from diagnoser.promql import duration_seconds, is_duration
 
 
 class Settings(BaseSettings):
@@ -80,7 +79,7 @@ class Settings(BaseSettings):
     @field_validator("window", "confirm_window")
     @classmethod
     def _promql_duration(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", value):
+        if value is not None and not is_duration(value):
             raise ValueError(f"{value!r} is not a PromQL duration like 30s or 5m")
         return value
 

@@ -1,31 +1,49 @@
-"""Limits on the daemon's HTTP listener: a cap on open connections and a deadline for request headers.
+"""Limits on the daemon's HTTP listener: caps on open connections and a deadline for request headers.
 
 aiohttp's server has neither: a client that opens connections and sends half a request line
 holds a socket and a task each for as long as it likes. :func:`start_limited_server` serves an
 :class:`aiohttp.web.AppRunner`'s application through a thin protocol wrapper that:
 
-- answers ``503`` and closes a connection beyond ``max_connections`` at once;
+- answers ``503`` and closes, at once, a connection beyond ``max_per_peer`` open from the same
+  address, so one client (a broken retry loop, a slowloris) cannot take the whole cap (nginx's
+  ``limit_conn`` keyed by ``$binary_remote_addr`` is the same idea);
+- beyond ``max_connections`` in all, keeps ``probe_reserve`` more connections for the health
+  probes only (:func:`probe_reserve_middleware`), and answers ``503`` and closes any further one;
 - answers ``408`` and closes a connection whose first request's headers are not complete
   ``header_timeout_s`` after it opened (later requests on a kept-alive connection are bounded
   by aiohttp's ``keepalive_timeout``, which the daemon sets to the same value). ::
 
-    limits = ConnectionLimits(max_connections=100, header_timeout_s=10, on_drop=count)
+    limits = ConnectionLimits(max_connections=100, max_per_peer=20, header_timeout_s=10, on_drop=count)
+    runner = web.AppRunner(web.Application(middlewares=[probe_reserve_middleware(limits, {"/healthz"})]))
+    await runner.setup()
     server = await start_limited_server(runner, "127.0.0.1", 8080, limits)
     ...
     server.close()
     await runner.cleanup()
+
+Why a reserve rather than exempting the probes from the cap: which path a connection asks for is
+known only once its request line arrives, and the cap must act before (the point is not to hold
+sockets for clients that never send one). A few connections kept apart, as PostgreSQL keeps
+``superuser_reserved_connections`` beyond ``max_connections``, let the kubelet see a daemon that
+is busy but alive, where otherwise a full cap would read as a dead process and get it restarted
+(kube-apiserver likewise exempts ``/healthz``, ``/livez`` and ``/readyz`` from its request
+limits). A reserved connection answers one probe and is closed; anything else on it is ``503``.
+The reserve obeys the per-peer limit too, so one client cannot fill it; many clients together
+can, until the header deadline frees their connections.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
-__all__ = ["ConnectionLimits", "start_limited_server"]
+__all__ = ["ConnectionLimits", "probe_reserve_middleware", "start_limited_server"]
 
 _TOO_MANY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
@@ -36,13 +54,50 @@ _END_OF_HEADERS = b"\r\n\r\n"
 
 @dataclass
 class ConnectionLimits:
-    """The limits, and the count of connections open now."""
+    """The limits, and the connections open now."""
 
     max_connections: int
     header_timeout_s: float
-    #: Called with ``"connection_cap"`` or ``"header_timeout"`` for each connection dropped.
+    #: Connections one address may hold open (every port of it counts as the same peer).
+    max_per_peer: int = 1 << 30
+    #: Connections beyond ``max_connections`` kept for the health probes.
+    probe_reserve: int = 0
+    #: Called with ``"connection_cap"``, ``"peer_cap"`` or ``"header_timeout"`` for each connection dropped.
     on_drop: Callable[[str], None] = field(default=lambda reason: None)
+    #: Connections open within ``max_connections`` (the reserved ones are not among them).
     open: int = 0
+    by_peer: Counter[str] = field(default_factory=Counter)
+    #: The transports of the connections open in the reserve.
+    reserved: set[object] = field(default_factory=set)
+
+    def admit(self, transport: asyncio.Transport, peer: str) -> str | None:
+        """Count a new connection from ``peer`` in, or say why it is dropped."""
+        if self.by_peer[peer] >= self.max_per_peer:
+            return "peer_cap"
+        if self.open < self.max_connections:
+            self.open += 1
+        elif len(self.reserved) < self.probe_reserve:
+            self.reserved.add(transport)
+        else:
+            return "connection_cap"
+        self.by_peer[peer] += 1
+        return None
+
+    def release(self, transport: asyncio.Transport, peer: str) -> None:
+        """Count a connection :meth:`admit` let in out again."""
+        if transport in self.reserved:
+            self.reserved.discard(transport)
+        else:
+            self.open -= 1
+        self.by_peer[peer] -= 1
+        if self.by_peer[peer] <= 0:
+            del self.by_peer[peer]  # a Counter of every address ever seen would only grow
+
+
+def _peer(transport: asyncio.BaseTransport) -> str:
+    """The connection's remote address without its port (``""`` for a Unix socket)."""
+    name = transport.get_extra_info("peername")
+    return str(name[0]) if isinstance(name, tuple) and name else ""
 
 
 class _LimitedProtocol(asyncio.Protocol):
@@ -56,6 +111,7 @@ class _LimitedProtocol(asyncio.Protocol):
         self._loop = loop
         self._transport: asyncio.Transport | None = None
         self._counted = False
+        self._peer = ""
         self._timer: asyncio.TimerHandle | None = None
         self._head_tail = b""
 
@@ -63,12 +119,13 @@ class _LimitedProtocol(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
-        if self._limits.open >= self._limits.max_connections:
-            self._limits.on_drop("connection_cap")
+        self._peer = _peer(transport)
+        refused = self._limits.admit(transport, self._peer)
+        if refused is not None:
+            self._limits.on_drop(refused)
             transport.write(_TOO_MANY)
             transport.close()
             return
-        self._limits.open += 1
         self._counted = True
         self._timer = self._loop.call_later(self._limits.header_timeout_s, self._headers_too_slow)
         self._inner.connection_made(transport)
@@ -102,7 +159,8 @@ class _LimitedProtocol(asyncio.Protocol):
             self._timer = None
         if self._counted:
             self._counted = False
-            self._limits.open -= 1
+            assert self._transport is not None
+            self._limits.release(self._transport, self._peer)
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -122,3 +180,27 @@ async def start_limited_server(
     return await loop.create_server(
         lambda: _LimitedProtocol(handler_factory(), limits, loop), host, port, reuse_address=True
     )
+
+
+def probe_reserve_middleware(limits: ConnectionLimits, probe_paths: Collection[str]) -> Middleware:
+    """An aiohttp middleware that lets a reserved connection answer one ``GET`` of ``probe_paths``.
+
+    Any other request on a reserved connection is answered ``503`` (counted as ``connection_cap``),
+    as it would have been without the reserve; either way the connection is closed afterwards,
+    so the reserve is free again for the next probe.
+    """
+
+    @web.middleware
+    async def reserve(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.transport not in limits.reserved:
+            return await handler(request)
+        response: web.StreamResponse
+        if request.method == "GET" and request.path in probe_paths:
+            response = await handler(request)
+        else:
+            limits.on_drop("connection_cap")
+            response = web.Response(status=503, headers={"Retry-After": "1"})
+        response.force_close()
+        return response
+
+    return reserve

@@ -4,7 +4,8 @@ It is an aiohttp application on the daemon's own event loop: the Alertmanager re
 diagnosis, which is asyncio code sharing the daemon's sources, so serving from a thread (the
 standard library's ``http.server``) would mean crossing threads for every request. aiohttp is
 already a dependency of slack-sdk's asyncio clients. :class:`HttpServer` serves it within
-:mod:`~diagnoser.daemon.connection_limits` (a cap on connections, a deadline for headers).
+:mod:`~diagnoser.daemon.connection_limits` (caps on connections in all and per client address,
+a deadline for headers); /healthz and /readyz still answer at the cap, from a small reserve.
 
 - ``GET /healthz``: 200 while the process serves requests.
 - ``GET /readyz``: 200 when the scheduler runs and the last diagnosis is recent enough; the
@@ -34,14 +35,23 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from diagnoser.config import DaemonSettings, parse_listen_address
 from diagnoser.daemon.alerts import alert_scopes
-from diagnoser.daemon.connection_limits import ConnectionLimits, start_limited_server
+from diagnoser.daemon.connection_limits import (
+    ConnectionLimits,
+    probe_reserve_middleware,
+    start_limited_server,
+)
 from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.models import Finding
 
-__all__ = ["MAX_JSON_DEPTH", "DaemonView", "HttpServer", "build_app"]
+__all__ = ["MAX_JSON_DEPTH", "PROBE_PATHS", "PROBE_RESERVE", "DaemonView", "HttpServer", "build_app"]
 
 #: Alertmanager's webhook is 4 levels deep; anything far deeper is not one.
 MAX_JSON_DEPTH = 32
+#: The endpoints the kubelet's probes ask for, served from :data:`PROBE_RESERVE` at the cap.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+#: Connections beyond ``daemon.http_max_connections`` kept for the probes: a liveness and a
+#: readiness probe at once, from a node or two.
+PROBE_RESERVE = 4
 
 
 class DaemonView(Protocol):
@@ -142,10 +152,11 @@ class _Endpoints:
         return web.json_response(body, status=202)
 
 
-def build_app(daemon: DaemonView) -> web.Application:
-    """The aiohttp application serving the daemon's endpoints."""
+def build_app(daemon: DaemonView, limits: ConnectionLimits | None = None) -> web.Application:
+    """The aiohttp application serving the daemon's endpoints (within ``limits``' probe reserve)."""
     endpoints = _Endpoints(daemon)
-    app = web.Application(client_max_size=1024 * 1024)
+    middlewares = [probe_reserve_middleware(limits, PROBE_PATHS)] if limits is not None else []
+    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     app.router.add_get("/healthz", endpoints.healthz)
     app.router.add_get("/readyz", endpoints.readyz)
     app.router.add_get("/metrics", endpoints.metrics)
@@ -155,7 +166,8 @@ def build_app(daemon: DaemonView) -> web.Application:
 
 
 class HttpServer:
-    """The daemon's listener on ``daemon.listen``, within ``daemon.http_max_connections`` and
+    """The daemon's listener on ``daemon.listen``, within ``daemon.http_max_connections`` (plus
+    :data:`PROBE_RESERVE` for the probes), ``daemon.http_max_connections_per_peer`` and
     ``daemon.http_header_timeout_s``; ``port`` is the one bound once started (``:0`` picks a free one)."""
 
     def __init__(self, daemon: DaemonView, config: DaemonSettings) -> None:
@@ -168,16 +180,18 @@ class HttpServer:
 
     async def start(self) -> None:
         timeout = self.config.http_header_timeout_s
-        self._runner = web.AppRunner(
-            build_app(self.daemon), access_log=None, handle_signals=False, keepalive_timeout=timeout
-        )
-        await self._runner.setup()
         dropped = self.daemon.metrics.http_dropped
         limits = ConnectionLimits(
             max_connections=self.config.http_max_connections,
             header_timeout_s=timeout,
+            max_per_peer=self.config.http_max_connections_per_peer,
+            probe_reserve=PROBE_RESERVE,
             on_drop=lambda reason: dropped.labels(reason).inc(),
         )
+        self._runner = web.AppRunner(
+            build_app(self.daemon, limits), access_log=None, handle_signals=False, keepalive_timeout=timeout
+        )
+        await self._runner.setup()
         self._server = await start_limited_server(self._runner, self.host, self._listen_port, limits)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else self._listen_port

@@ -8,6 +8,12 @@ strips the credentials of any URL quoted in a line (:func:`diagnoser.redact.scru
 
     configure_logging(settings, log_format="json", level="INFO")
     logging.getLogger("diagnoser.daemon").info("diagnosis done", extra={"findings": 3})
+
+Libraries' routine lines are left out unless asked for (``verbose``, ``diagnose serve -v``, or
+``DEBUG``): httpx logs every Prometheus request at INFO (dozens per diagnosis), and APScheduler
+warns "skipped: maximum number of running instances" at every tick of a job still running, which
+is how ``max_instances=1`` is meant to work (a Slack call that hangs is reported by the delivery
+itself when it times out).
 """
 
 from __future__ import annotations
@@ -24,13 +30,21 @@ from pydantic import BaseModel, SecretStr
 
 from diagnoser.redact import scrub_text
 
-__all__ = ["JsonFormatter", "MaskingFormatter", "configure_logging", "secret_values"]
+__all__ = ["QUIET_LIBRARY_LOGGERS", "JsonFormatter", "MaskingFormatter", "configure_logging", "secret_values"]
 
 MASK = "**********"
 #: Attributes every LogRecord has; anything else came in through ``extra=`` and is logged too.
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 #: Shorter values would mask ordinary words: such a "secret" is not one worth hiding.
 _MIN_SECRET_LENGTH = 6
+#: Libraries kept at WARNING unless verbose: a line per HTTP request (httpx) or per connection step.
+QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore", "urllib3", "elastic_transport")
+#: APScheduler's warning when a run is skipped because the previous one still runs.
+_SKIPPED_RUN = "skipped: maximum number of running instances"
+
+
+def _not_a_skipped_run(record: logging.LogRecord) -> bool:
+    return _SKIPPED_RUN not in str(record.msg)
 
 
 def secret_values(model: Any) -> set[str]:
@@ -109,8 +123,10 @@ def configure_logging(
     log_format: str = "text",
     level: str | int = "INFO",
     stream: TextIO | None = None,
+    verbose: int = 0,
 ) -> logging.Handler:
-    """Send every logger's records to ``stream`` (stderr) as text or JSON, secrets masked."""
+    """Send every logger's records to ``stream`` (stderr) as text or JSON, secrets masked;
+    libraries' routine lines only when ``verbose`` or at ``DEBUG``."""
     secrets = secret_values(settings) if settings is not None else set()
     handler = logging.StreamHandler(stream or sys.stderr)
     if log_format == "json":
@@ -126,4 +142,11 @@ def configure_logging(
     root.setLevel(level.upper() if isinstance(level, str) else level)
     # The scheduler logs every run at INFO; the daemon logs its own summary of each run.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
+    chatty = verbose > 0 or root.level <= logging.DEBUG
+    for name in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if chatty else max(logging.WARNING, root.level))
+    scheduler = logging.getLogger("apscheduler.scheduler")
+    scheduler.removeFilter(_not_a_skipped_run)  # configured twice (tests): one filter, not two
+    if not chatty:
+        scheduler.addFilter(_not_a_skipped_run)
     return handler

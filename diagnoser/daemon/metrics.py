@@ -173,7 +173,8 @@ class DaemonMetrics:
         )
         self.http_dropped = Counter(
             "diagnoser_http_connections_dropped",
-            "HTTP connections closed by the daemon: connection_cap (answered 503), header_timeout (408).",
+            "HTTP connections closed by the daemon: connection_cap and peer_cap (answered 503), "
+            "header_timeout (408).",
             ["reason"],
             registry=r,
         )

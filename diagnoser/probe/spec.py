@@ -370,9 +370,12 @@ def address_refusal(host: str, address: str, settings: ProbeSettings, *, explici
 
     Loopback, link-local (cloud metadata among them) and unspecified addresses need explicit
     permission: the address typed as the URL's host on the command line (or ``localhost`` for
-    loopback), or the address itself matching an ``allowed_hosts`` entry (``127.0.0.1``,
-    ``127.0.0.*``). An allowed *name* does not carry its DNS answer with it: a name that
-    resolves to such an address is refused, whatever the allowlist says about the name.
+    loopback), or the address itself written as an ``allowed_hosts`` entry (``127.0.0.1``,
+    ``::1`` or ``[::1]``). A pattern never counts: ``*``, ``1*`` or ``127.0.0.*`` were written
+    for ordinary hosts, and letting them reach the metadata endpoint would turn this check off
+    for anyone who allowed everything. An allowed *name* does not carry its DNS answer with it
+    either: a name that resolves to such an address is refused, whatever the allowlist says
+    about the name.
     """
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -385,12 +388,23 @@ def address_refusal(host: str, address: str, settings: ProbeSettings, *, explici
     typed_literally = host == address.lower() or (host == "localhost" and kind == "loopback")
     if explicit_target and typed_literally:
         return None
-    if host_allowed(str(ip), settings.allowed_hosts):
+    if _listed_literally(ip, settings.allowed_hosts):
         return None
     return (
-        f"{host!r} resolves to {ip}, a {kind} address: add {ip} itself to probe.allowed_hosts,"
-        " or type that address as the URL on the command line"
+        f"{host!r} resolves to {ip}, a {kind} address: add {ip} itself to probe.allowed_hosts"
+        " (a pattern does not cover it), or type that address as the URL on the command line"
     )
+
+
+def _listed_literally(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allowed: list[str]) -> bool:
+    """Whether an ``allowed_hosts`` entry is ``ip`` itself, written as an address (not a pattern)."""
+    for entry in allowed:
+        try:
+            if ipaddress.ip_address(entry.strip().strip("[]")) == ip:
+                return True
+        except ValueError:  # a name or a pattern
+            continue
+    return False
 
 
 async def check_resolved_addresses(

@@ -2,10 +2,10 @@
 
 Schema problems are found when rules load. Lint adds:
 
-- static checks, always: a rule that names a metric of the signal catalogue directly (it then
-  misses every other convention: name the signal instead), and a title, summary or
-  recommendation field naming a label the rule's series may lack (``{namespace}`` on series
-  scraped outside Kubernetes: use ``{subject}``);
+- static checks, always: a query the PromQL parser cannot read, a rule that names a metric of
+  the signal catalogue directly (it then misses every other convention: name the signal
+  instead), and a title, summary or recommendation field naming a label the rule's series may
+  lack (``{namespace}`` on series scraped outside Kubernetes: use ``{subject}``);
 - with a Prometheus, every query evaluated once: PromQL that does not parse, functions the server
   lacks, a range query where an instant one is needed. A signal query is checked as instantiated
   for every convention of the catalogue, present or not.
@@ -14,23 +14,21 @@ Schema problems are found when rules load. Lint adds:
 from __future__ import annotations
 
 import asyncio
-import re
 import string
 from datetime import UTC, datetime
 
 from diagnoser.config import Settings
+from diagnoser.errors import PromqlSyntaxError
 from diagnoser.models import SourceError
+from diagnoser.promql import grouping_labels, metric_names
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable, optional_clauses
+from diagnoser.ruleset.templating import MissingVariable, optional_clauses, resolve_placeholders
 from diagnoser.signals import load_catalogue
+from diagnoser.signals.expand import grouping_labels_of
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["lint_queries", "lint_static"]
+__all__ = ["lint_queries", "lint_static", "rule_queries"]
 
-_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
-_BY = re.compile(r"\bby\s*\(([^()]*)\)")
-_LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 #: Values every finding has besides its labels.
 _ALWAYS = {
     *("value", "threshold", "detail", "count", "subject", "caveats", "window", "confirm_window"),
@@ -49,47 +47,56 @@ def lint_static(ruleset: RuleSet, settings: Settings) -> list[str]:
     problems: list[str] = []
     for rule in ruleset:
         for where, query in _raw_queries(rule, settings):
-            named = sorted(_metric_names(query) & catalogue_metrics)
+            try:
+                named = sorted(metric_names(query) & catalogue_metrics)
+            except PromqlSyntaxError as exc:
+                problems.append(f"{where}: {exc}")
+                continue
             if named:
                 problems.append(
                     f"{where}: names {', '.join(named)} directly: refer to the signal instead "
                     "(signals/*.yaml) so that every naming convention is covered"
                 )
-        problems.extend(_missing_placeholders(rule))
+        problems.extend(_missing_placeholders(rule, settings))
     return problems
 
 
-def _metric_names(query: str) -> set[str]:
-    without_strings = _STRING.sub('""', query)
-    without_grouping = _LABEL_LISTS.sub("", without_strings)
-    return set(_NAME.findall(without_grouping))
-
-
 def _raw_queries(rule: Rule, settings: Settings) -> list[tuple[str, str]]:
-    return [(where, query) for where, query, kind in _queries(rule, settings) if kind != "signal"]
+    return [(where, query) for where, query, kind in rule_queries(rule, settings) if kind != "signal"]
 
 
-def _first_labels(rule: Rule) -> set[str] | None:
+def _first_labels(rule: Rule, settings: Settings) -> set[str] | None:
     """Labels the first condition's rows are sure to have; ``None`` when unknown (not PromQL)."""
     first: Condition = rule.when[0]
-    query = first.raw_params.get("query") if isinstance(first.raw_params, dict) else None
-    if first.kind.name == "signal":
-        templates = [str(query)] if query else [str(a) for a in first.raw_params.get("any_of") or []]
-        grouped = {label for t in templates for group in _BY.findall(t) for label in _split(group)}
-        return (grouped - _SCRAPE_DEPENDENT) | _SIGNAL_LABELS
-    if first.kind.name == "promql" and isinstance(query, str) and "without" not in query:
-        groups = _BY.findall(query)
-        if groups:
-            return {label for group in groups for label in _split(group)}
+    if first.kind.name not in ("signal", "promql") or not isinstance(first.raw_params, dict):
+        return None
+    try:
+        params = resolve_placeholders(dict(first.raw_params), _variables(rule, settings))
+    except MissingVariable:
+        return None
+    query = params.get("query")
+    try:
+        if first.kind.name == "signal":
+            templates = [str(query)] if query else [_template(a) for a in params.get("any_of") or []]
+            grouped = {label for t in templates for label in grouping_labels_of(t).get("by", [])}
+            return (grouped - _SCRAPE_DEPENDENT) | _SIGNAL_LABELS
+        clauses = grouping_labels(query) if isinstance(query, str) else {}
+    except ValueError:  # bad PromQL is reported as such, by lint or when the rule loads
+        return None
+    if "without" not in clauses and clauses.get("by"):
+        return set(clauses["by"])
     return None
 
 
-def _split(group: str) -> list[str]:
-    return [label.strip() for label in group.split(",") if label.strip()]
+def _template(alternative: object) -> str:
+    """An ``any_of`` entry's query: written as a string or as ``{query: ..., what: ...}``."""
+    if isinstance(alternative, dict):
+        return str(alternative.get("query", ""))
+    return str(alternative)
 
 
-def _missing_placeholders(rule: Rule) -> list[str]:
-    labels = _first_labels(rule)
+def _missing_placeholders(rule: Rule, settings: Settings) -> list[str]:
+    labels = _first_labels(rule, settings)
     if labels is None:
         return []
     named = {c.name for c in (*rule.when, *rule.evidence) if c.name}
@@ -114,7 +121,7 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
     """One line per query that the configured Prometheus rejects, naming file, rule and field."""
     source = PrometheusSource(settings.prometheus, metric_overrides=settings.metrics)
     try:
-        checks = [(where, query) for rule in ruleset for where, query, _ in _queries(rule, settings)]
+        checks = [(where, query) for rule in ruleset for where, query, _ in rule_queries(rule, settings)]
         now = datetime.now(UTC)
         # One question first: a Prometheus that cannot be reached (or is not one) is one problem,
         # not one per query.
@@ -131,12 +138,9 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
     ]
 
 
-def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
+def rule_queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
     """``(where, PromQL, kind)`` for every query a rule can send; signals under every convention."""
-    # An unset signal still gets a syntactically valid metric name, so its query is checked too.
-    variables = rule.variables(
-        settings, signals={"queue_length": "diagnoser_lint_unset_signal", **settings.signals}
-    )
+    variables = _variables(rule, settings)
     catalogue = load_catalogue(tuple(settings.signal_files))
     found: list[tuple[str, str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):
@@ -155,3 +159,9 @@ def _queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
                 else:
                     found.append((where + alternative, query, kind))
     return found
+
+
+def _variables(rule: Rule, settings: Settings) -> dict[str, object]:
+    # An unset signal still gets a syntactically valid metric name, so its query is checked too.
+    unset = {"queue_length": "diagnoser_lint_unset_signal"}
+    return rule.variables(settings, signals={**unset, **settings.signals})

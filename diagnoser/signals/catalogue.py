@@ -40,6 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.errors import ConfigError
+from diagnoser.promql import parse_selector, quote
 
 __all__ = [
     "Catalogue",
@@ -50,7 +51,6 @@ __all__ = [
     "load_catalogue",
 ]
 
-_SELECTOR = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{.*\})?\s*$", re.S)
 _SIGNAL_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 #: Seconds per unit, for durations; any other unit is a count and is not scaled.
 TIME_UNITS: dict[str, float] = {
@@ -81,14 +81,19 @@ class Form:
     """How one convention exposes one signal: a metric name, fixed matchers, a unit and a caveat."""
 
     metric: str
-    matchers: str = ""
+    #: Fixed ``(label, op, value)`` matchers: ``(("state", "=", "used"),)``.
+    matchers: tuple[tuple[str, str, str], ...] = ()
     #: Multiply values by this to get the signal's unit (1 for counts and for seconds).
     scale: float = 1.0
     #: Said in the evidence whenever this form answered (``includes pool wait``).
     note: str | None = None
 
     def selector(self, suffix: str = "") -> str:
-        return f"{self.metric}{suffix}{self.matchers}"
+        """The PromQL selector of this form's series (``suffix``: a histogram's ``_bucket``...)."""
+        if not self.matchers:
+            return f"{self.metric}{suffix}"
+        inside = ", ".join(f"{label}{op}{quote(value)}" for label, op, value in self.matchers)
+        return f"{self.metric}{suffix}{{{inside}}}"
 
 
 class _FormSpec(_Strict):
@@ -149,6 +154,9 @@ class Catalogue:
 
     signals: dict[str, SignalDef] = field(default_factory=dict)
     conventions: list[Convention] = field(default_factory=list)
+    #: Rule queries already instantiated, by (template, convention name): every evaluation
+    #: expands the same templates (filled by :func:`diagnoser.signals.expand.expansions`).
+    expanded: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def convention(self, name: str) -> Convention | None:
         return next((c for c in self.conventions if c.name == name), None)
@@ -171,10 +179,10 @@ def series_names(form: Form, signal: SignalDef) -> list[str]:
 
 def _form(signal: str, spec: str | _FormSpec, definition: SignalDef, where: str) -> Form:
     metric_text = spec if isinstance(spec, str) else spec.metric
-    match = _SELECTOR.match(metric_text)
-    if not match:
-        raise ConfigError(f"{where}: {signal}: {metric_text!r} is not a metric selector")
-    metric, matchers = match.group(1), (match.group(2) or "").strip()
+    try:
+        metric, matchers = parse_selector(metric_text)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {signal}: {metric_text!r} is not a metric selector ({exc})") from exc
     unit = spec.unit if isinstance(spec, _FormSpec) and spec.unit else _unit_in_name(metric)
     scale = 1.0
     if definition.unit == "seconds":
@@ -183,7 +191,7 @@ def _form(signal: str, spec: str | _FormSpec, definition: SignalDef, where: str)
             raise ConfigError(f"{where}: {signal}: unit {unit!r} is not one of {sorted(TIME_UNITS)}")
         scale = TIME_UNITS[unit]
     note = spec.note if isinstance(spec, _FormSpec) else None
-    return Form(metric=metric, matchers=matchers, scale=scale, note=note)
+    return Form(metric=metric, matchers=tuple(matchers), scale=scale, note=note)
 
 
 def _unit_in_name(metric: str) -> str | None:

@@ -6,9 +6,11 @@ A rule writes PromQL with signal references and normalised label names::
       / max by (namespace, service, pool) (avg_over_time({{pool.max}}[5m]))
 
 For each convention that has every signal referenced (and whose metrics exist), the query is
-instantiated: each ``{{signal}}`` (``{{signal:bucket|sum|count}}`` for a histogram's series)
-becomes that convention's selector; label names in ``by``, ``without``, ``on``, ``ignoring`` and
-``group_*`` clauses become the convention's (``pool`` -> ``db_client_connection_pool_name``,
+instantiated on its syntax tree (:mod:`diagnoser.promql`: each reference stands in as a
+placeholder metric while the query is parsed): each ``{{signal}}``
+(``{{signal:bucket|sum|count}}`` for a histogram's series) becomes that convention's selector;
+label names in ``by``, ``without``, ``on``, ``ignoring`` and ``group_*`` clauses become the
+convention's (``pool`` -> ``db_client_connection_pool_name``,
 ``service`` -> ``job``); and durations in another unit are scaled to seconds where the value is
 read: around the function applied to the range (``rate(x_sum[5m])`` -> ``(rate(x_sum[5m]) *
 0.001)``), around an instant selector, or around the ``histogram_quantile`` that reads a
@@ -22,22 +24,26 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
-from diagnoser.signals.catalogue import Catalogue, Convention, Form, SignalDef
+from diagnoser.errors import PromqlSyntaxError
+from diagnoser.promql import Replacement, grouping_labels, parse, rewrite
+from diagnoser.signals.catalogue import Catalogue, Convention, Form
 
 __all__ = [
     "Expansion",
     "expansions",
+    "grouping_labels_of",
     "normalise_labels",
     "references",
     "required_metrics",
     "validate_template",
 ]
 
+#: A reference to a signal: diagnoser's template syntax around PromQL, not PromQL itself.
 _REF = re.compile(r"\{\{\s*([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)+)\s*(?::\s*(bucket|sum|count)\s*)?\}\}")
-_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)(\s*)\(([^()]*)\)")
-_RANGE_AFTER = re.compile(r"\s*\[[^\]]*\]")
-_IDENT_BEFORE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\s*$")
+#: The metric name a reference stands in as while the query is parsed (``__signal_ref_0``...).
+_PLACEHOLDER = "__signal_ref_"
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,34 @@ class Expansion:
 
 def references(template: str) -> list[tuple[str, str | None]]:
     """The ``(signal, part)`` pairs a query refers to, in order of appearance."""
-    return [(m.group(1), m.group(2)) for m in _REF.finditer(template)]
+    return list(_placeholders(template)[1])
+
+
+@lru_cache(maxsize=512)
+def _placeholders(template: str) -> tuple[str, tuple[tuple[str, str | None], ...]]:
+    """``template`` as PromQL, each reference a placeholder metric; the references in order."""
+    refs: list[tuple[str, str | None]] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        refs.append((match.group(1), match.group(2)))
+        return f"{_PLACEHOLDER}{len(refs) - 1}"
+
+    return _REF.sub(placeholder, template), tuple(refs)
+
+
+def _promql(template: str) -> str:
+    """The template's PromQL (placeholders for references); ``ValueError`` if it does not parse."""
+    text = _placeholders(template)[0]
+    try:
+        parse(text)
+    except PromqlSyntaxError as exc:
+        flat = " ".join(template.split())
+        raise ValueError(f"the query does not parse as PromQL ({exc.reason}): {flat}") from exc
+    return text
 
 
 def validate_template(template: str, catalogue: Catalogue) -> None:
-    """Raise ``ValueError`` for an unknown signal or a histogram read without its part."""
+    """Raise ``ValueError`` for an unknown signal, a histogram read without its part, or bad PromQL."""
     refs = references(template)
     if not refs:
         raise ValueError("the query refers to no signal: write {{pool.used}} (or use a promql condition)")
@@ -68,6 +97,12 @@ def validate_template(template: str, catalogue: Catalogue) -> None:
             raise ValueError(f"{name} is a histogram: read {{{{{name}:bucket}}}}, :sum or :count")
         if definition.type != "histogram" and part is not None:
             raise ValueError(f"{name} is a {definition.type}: it has no :{part}")
+    _promql(template)
+
+
+def grouping_labels_of(template: str) -> dict[str, list[str]]:
+    """The labels of a template's ``by``/``without``/``on``/... clauses, by clause (normalised names)."""
+    return grouping_labels(_promql(template))
 
 
 def _series(form: Form, part: str | None) -> str:
@@ -94,87 +129,32 @@ def expansions(
         needed = required_metrics(template, convention)
         if needed is None or (present is not None and not needed <= present):
             continue
-        found.append(_expand(template, convention, catalogue.signals))
+        key = (template, convention.name)
+        expansion = catalogue.expanded.get(key)
+        if expansion is None:
+            expansion = catalogue.expanded[key] = _expand(template, convention)
+        found.append(expansion)
     return found
 
 
-def _expand(template: str, convention: Convention, signals: Mapping[str, SignalDef]) -> Expansion:
-    # Edits on the template: (position, order, length replaced, new text), applied from the end
-    # so earlier positions stay valid; at one position a replacement goes before an insertion.
-    edits: list[tuple[int, int, int, str]] = []
+def _expand(template: str, convention: Convention) -> Expansion:
+    text, refs = _placeholders(template)
+    _promql(template)
     notes: list[str] = []
-    for match in _REF.finditer(template):
-        name, part = match.group(1), match.group(2)
+    replacements: dict[str, Replacement] = {}
+    for index, (name, part) in enumerate(refs):
         form = convention.forms[name]
-        selector = form.selector(f"_{part}" if part else "")
-        edits.append((match.start(), 1, match.end() - match.start(), selector))
         if form.note and form.note not in notes:
             notes.append(form.note)
-        if form.scale != 1.0 and part != "count":
-            span = _value_span(template, match.start(), match.end(), part)
-            edits.append((span[1], 0, 0, f" * {form.scale:g})"))
-            edits.append((span[0], 0, 0, "("))
-    text = template
-    for position, _, length, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
-        text = text[:position] + new + text[position + length :]
-    text = _GROUPING.sub(lambda m: _rename(m, convention), text)
-    return Expansion(convention=convention, query=text, notes=tuple(notes))
-
-
-def _rename(match: re.Match[str], convention: Convention) -> str:
-    labels = [label.strip() for label in match.group(3).split(",") if label.strip()]
-    renamed = ", ".join(convention.source_label(label) for label in labels)
-    return f"{match.group(1)}{match.group(2)}({renamed})"
-
-
-def _value_span(template: str, start: int, end: int, part: str | None) -> tuple[int, int]:
-    """Where the scaled value is read: the quantile over buckets, the range function, or the selector."""
-    if part == "bucket":
-        call = _enclosing_call(template, start, name="histogram_quantile")
-        if call is None:
-            raise ValueError("a histogram's buckets in another unit must be read by histogram_quantile")
-        return call
-    ranged = _RANGE_AFTER.match(template, end)
-    if ranged:
-        call = _enclosing_call(template, start)
-        if call is not None:
-            return call
-    return start, end
-
-
-def _enclosing_call(template: str, position: int, *, name: str | None = None) -> tuple[int, int] | None:
-    """Start and end of the innermost function call around ``position`` (or of call ``name``)."""
-    depth = 0
-    index = position - 1
-    while index >= 0:
-        char = template[index]
-        if char == ")":
-            depth += 1
-        elif char == "(":
-            if depth == 0:
-                ident = _IDENT_BEFORE.search(template, 0, index)
-                if ident and (name is None or ident.group(0).strip() == name):
-                    closing = _matching_paren(template, index)
-                    if closing is not None:
-                        return ident.start(), closing + 1
-                if name is None:
-                    return None
-            else:
-                depth -= 1
-        index -= 1
-    return None
-
-
-def _matching_paren(template: str, opening: int) -> int | None:
-    depth = 0
-    for index in range(opening, len(template)):
-        if template[index] == "(":
-            depth += 1
-        elif template[index] == ")":
-            depth -= 1
-            if depth == 0:
-                return index
-    return None
+        replacements[f"{_PLACEHOLDER}{index}"] = Replacement(
+            metric=_series(form, part),
+            matchers=form.matchers,
+            # A count is a number of observations: only durations are scaled.
+            scale=form.scale if part != "count" else 1.0,
+            buckets=part == "bucket",
+        )
+    query = rewrite(text, replacements.get, convention.source_label)
+    return Expansion(convention=convention, query=query, notes=tuple(notes))
 
 
 def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[str, str]:

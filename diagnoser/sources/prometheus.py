@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import ssl
 import time
 from collections.abc import Callable
@@ -28,7 +27,9 @@ from typing import Any, TypeVar
 import httpx
 
 from diagnoser.config import PrometheusSettings
+from diagnoser.errors import ExpressionError
 from diagnoser.models import SourceError
+from diagnoser.promql import rename_metrics
 from diagnoser.redact import redact_url, scrub_text
 from diagnoser.sources.base import SingleFlight
 
@@ -118,9 +119,13 @@ class PrometheusSource:
             max_connections=self.settings.max_concurrency,
             max_keepalive_connections=self.settings.max_concurrency,
         )
+        # The real URL (credentials and all): self.url is only for what is printed. Its path is
+        # the API's prefix; its query string (a tenant, an access token) goes with every request,
+        # since httpx would otherwise paste the request's path after it.
+        endpoint = httpx.URL(str(self.settings.url))
         return httpx.AsyncClient(
-            # The real URL (credentials and all): self.url is only for what is printed.
-            base_url=str(self.settings.url).rstrip("/"),
+            base_url=endpoint.copy_with(query=None, fragment=None),
+            params=endpoint.params,
             headers=headers,
             auth=auth,
             verify=verify,
@@ -186,7 +191,10 @@ class PrometheusSource:
         (``share=False`` always asks Prometheus).
         """
         timeout = timeout_s or self.settings.query_timeout_s
-        prepared = self.prepare(query)
+        try:
+            prepared = self.prepare(query)
+        except ExpressionError as exc:  # metric overrides to apply to a query the parser cannot read
+            return SourceError(source=SOURCE, message=f"cannot rename metrics per config: {exc}")
         params = {"query": prepared, "time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
 
         async def ask() -> list[Sample] | SourceError:
@@ -338,30 +346,11 @@ def _short(query: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`|[A-Za-z_:][A-Za-z0-9_:]*')
-_HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
-
-
 def rewrite_metric_names(query: str, overrides: dict[str, str]) -> str:
     """Rename metrics in ``query`` per ``overrides`` (exporter name -> installed name).
 
     A histogram or counter's series follow their base name: overriding
     ``http_server_request_duration_seconds`` renames its ``_bucket``, ``_count`` and ``_sum``.
-    String literals are left alone.
+    String literals are left alone (:func:`diagnoser.promql.rename_metrics`, on the syntax tree).
     """
-    if not overrides:
-        return query
-
-    def replace(match: re.Match[str]) -> str:
-        token = match.group(0)
-        if token[0] in "\"'`":
-            return token
-        if token in overrides:
-            return overrides[token]
-        for suffix in _HISTOGRAM_SUFFIXES:
-            base = token.removesuffix(suffix)
-            if base != token and base in overrides:
-                return overrides[base] + suffix
-        return token
-
-    return _TOKEN.sub(replace, query)
+    return rename_metrics(query, overrides)

@@ -44,12 +44,14 @@ class LocalPrometheus:
     ready_timeout_s: float = 20.0
     port: int = 0
     workdir: Path | None = None
+    #: ``--web.route-prefix``: the API under a path (``/prometheus``), as behind a proxy; in ``url``.
+    route_prefix: str = ""
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _owns_workdir: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://127.0.0.1:{self.port}{self.route_prefix.rstrip('/')}"
 
     def __enter__(self) -> LocalPrometheus:
         self.start()
@@ -86,6 +88,7 @@ class LocalPrometheus:
                 # Retention counts from the newest block: backfilled history must survive.
                 "--storage.tsdb.retention.time=100y",
                 "--query.lookback-delta=5m",
+                *([f"--web.route-prefix={self.route_prefix}"] if self.route_prefix else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -28,7 +28,6 @@ day, far enough apart that no window or lookback reaches another group's data.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,6 +42,7 @@ from diagnoser.engine import diagnose
 from diagnoser.engine.run import catalogue_of, load_ruleset
 from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Finding
+from diagnoser.promql import duration_seconds
 from diagnoser.ruleset import Rule, RuleSet, load_rules
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
@@ -55,18 +55,13 @@ __all__ = ["CaseResult", "RuleTestFile", "backfill_text", "load_test_file", "run
 #: (2026-11-27) so reports read like real incidents rather than 1970.
 GROUP_SPACING_S = 86_400
 TIMELINE_START_S = 1_795_802_400
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str | int | float) -> float:
-    """``30s``, ``1h30m`` or a number of seconds, as seconds."""
+    """``30s``, ``1h30m`` (a PromQL duration, as promtool reads them) or a number of seconds, as seconds."""
     if isinstance(text, int | float):
         return float(text)
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text.strip():
-        raise ValueError(f"{text!r} is not a duration like 30s or 1h30m")
-    return sum(float(n) * _UNITS[u] for n, u in parts)
+    return duration_seconds(text.strip())
 
 
 class _Strict(BaseModel):

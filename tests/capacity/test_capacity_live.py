@@ -13,7 +13,6 @@ not the CPU, must be what saturates first.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -42,22 +41,6 @@ POOL = 4
 STEP_S = "5"
 #: Steps are a few seconds here; in production they are 30 s or more (the default).
 SEARCH = ("--slo-p99-ms", str(SLO_MS), "--step-s", STEP_S, "--start-rate", "50", "--max-rate", "800")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ahead_of_unrelated_work() -> Iterator[None]:
-    """Run this module's processes (service, CLI, probe) ahead of unrelated work on a shared host.
-
-    They inherit the priority. What is measured is a pool limit; on a host where other jobs keep
-    the CPUs busy, stalls of a hundred milliseconds in the service or the probe would otherwise
-    fail steps far below it. Best effort: without the privilege the priority stays as it is.
-    """
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    with contextlib.suppress(PermissionError):
-        os.setpriority(os.PRIO_PROCESS, 0, before - 10)
-    yield
-    with contextlib.suppress(PermissionError):
-        os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,6 +86,18 @@ def _start(config: dict[str, Any], tmp_path: Path, *extra: str) -> tuple[subproc
             [*serve_argv(), "--config", str(path), *extra], stdout=out, stderr=subprocess.STDOUT, env=env
         )
     return process, log
+
+
+@contextlib.contextmanager
+def serving(config: dict[str, Any], tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """:func:`_start`; on the way out, a process still running is killed."""
+    process, log = _start(config, tmp_path, *extra)
+    try:
+        yield process, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def _get(url: str | urllib.request.Request, timeout: float = 3) -> tuple[int, str]:
@@ -253,3 +266,25 @@ def test_a_bad_config_or_a_taken_port_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "cannot run the daemon" in result.stderr
     assert "address already in use" in result.stderr.lower()
+
+
+@pytest.mark.parametrize(
+    "base_url", ["http://oncall:Pa55-in-base-url@127.0.0.1:9/api/", "https://xoxb-in-userinfo-5e2a@slack.example/api/"]
+)
+def test_a_slack_base_url_with_credentials_exits_2_naming_the_key(tmp_path: Path, base_url: str) -> None:
+    # It used to start, read every answer as "Slack answered garbage" and retry it forever.
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "prometheus": {"url": "http://127.0.0.1:1"},
+        "slack": {"token": "xoxb-test-token", "channel": "#oncall", "base_url": base_url},
+        "daemon": {"listen": "127.0.0.1:0", "state_path": str(tmp_path / "state.sqlite3")},
+    }))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
+    result = subprocess.run([*serve_argv(), "--config", str(config)], capture_output=True, text=True, env=env,
+                            timeout=30, check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "slack.base_url" in lines[0] and "user or password" in lines[0]
+    assert "Pa55-in-base-url" not in result.stderr and "xoxb-in-userinfo-5e2a" not in result.stderr
+    assert not (tmp_path / "state.sqlite3").exists()  # nothing started

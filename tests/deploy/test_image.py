@@ -33,7 +33,8 @@ from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import unavailable
 from tests.deploy.rendering import REPO
 
-pytestmark = [pytest.mark.image, pytest.mark.integration]
+# One worker builds the image once for the module's tests (a module fixture is per worker).
+pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.xdist_group("image")]
 
 IMAGE = "localhost/diagnoser:test"
 LOCAL_BASE = "localhost/diagnoser-test-base:bookworm"

@@ -19,7 +19,7 @@ from tests.conftest import IncidentPrometheus, run_cli
             'histogram_quantile(0.99, sum by (le, job) (rate(http_server_request_duration_seconds_bucket{job="a"}[5m])))',
             {"http_server_request_duration_seconds_bucket"},
         ),
-        ("max by (pool) (a_used / on (pool) group_left () b_max) > bool 0.9 offset 5m", {"a_used", "b_max"}),
+        ("max by (pool) (a_used / on (pool) group_left () b_max offset 5m) > bool 0.9", {"a_used", "b_max"}),
         ('sum(rate(x_total{code=~"5.."}[1m])) / sum(rate(x_total[1m])) > 1e3', {"x_total"}),
         ("absent(up{job=\"metrics-server\"}) unless on() vector(1)", {"up"}),
         ("predict_linear(mem[1h:1m], 3600)", {"mem"}),

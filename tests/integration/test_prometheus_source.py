@@ -56,13 +56,21 @@ def test_metric_overrides_rename_what_is_sent(incident_prometheus: IncidentProme
     ("promql", "overrides", "expected"),
     [
         ("rate(a_total[5m])", {"a_total": "b_total"}, "rate(b_total[5m])"),
-        ("sum(rate(h_bucket[5m])) by (le)", {"h": "x"}, "sum(rate(x_bucket[5m])) by (le)"),
+        # A renamed query is printed from its syntax tree: the same query, in the printer's layout.
+        ("sum(rate(h_bucket[5m])) by (le)", {"h": "x"}, "sum by (le) (rate(x_bucket[5m]))"),
         ('up{job="h"} + h_count', {"h": "x"}, 'up{job="h"} + x_count'),
         ("hh_bucket", {"h": "x"}, "hh_bucket"),
     ],
 )
 def test_rewrite_metric_names(promql: str, overrides: dict[str, str], expected: str) -> None:
     assert rewrite_metric_names(promql, overrides) == expected
+
+
+def test_a_query_to_rename_that_does_not_parse_is_an_error_entry(incident_prometheus: IncidentPrometheus) -> None:
+    broken = query(incident_prometheus, "sum(h_count", h="x")
+    assert isinstance(broken, SourceError)
+    assert "cannot rename metrics per config: PromQL does not parse" in broken.message
+    assert "sum(h_count" in broken.message
 
 
 def test_metric_names_at_an_instant(incident_prometheus: IncidentPrometheus) -> None:

@@ -38,7 +38,12 @@ def test_a_prepared_probe_stops_early_with_a_partial_result(server: DelayServer)
 
     async def stopped_after_a_moment() -> tuple[float, ProbeResult]:
         task = asyncio.get_running_loop().create_task(probe())
-        await asyncio.sleep(0.4)
+        # Stop a moment after the first request left (start-up takes longer on a busy machine).
+        for _ in range(500):  # 10 s at most
+            if probe.live().sent or task.done():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
         planned = probe.live().planned_s
         probe.stop()
         return planned, await asyncio.wait_for(task, 3)

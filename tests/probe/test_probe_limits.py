@@ -79,7 +79,17 @@ def test_an_allowed_name_resolving_to_loopback_needs_the_address_allowed(tmp_pat
         ("svc.example", "::ffff:127.0.0.1", False, ["svc.example"], "loopback"),
         ("svc.example", "0.0.0.0", False, ["svc.example"], "unspecified"),
         ("svc.example", "10.0.0.7", False, ["svc.example"], None),
-        ("svc.example", "127.0.0.1", False, ["svc.example", "127.0.0.*"], None),
+        ("svc.example", "127.0.0.1", False, ["svc.example", "127.0.0.1"], None),
+        ("svc.example", "::1", False, ["svc.example", "[::1]"], None),
+        ("169.254.169.254", "169.254.169.254", False, ["169.254.169.254"], None),  # named literally
+        # A pattern never covers a special address, however broad: each needs its literal entry.
+        ("svc.example", "127.0.0.1", False, ["svc.example", "127.0.0.*"], "loopback"),
+        ("svc.example", "127.0.0.1", False, ["1*"], "loopback"),
+        ("169.254.169.254", "169.254.169.254", False, ["*"], "cloud metadata"),
+        ("metadata.internal", "169.254.169.254", False, ["*"], "cloud metadata"),
+        ("svc.example", "fd00:ec2::254", False, ["*"], "cloud metadata"),
+        ("svc.example", "fe80::1", False, ["fe80::*"], "link-local"),
+        ("svc.example", "10.0.0.7", False, ["*"], None),  # an ordinary address: the pattern is enough
     ],
 )
 def test_the_resolved_address_rule(

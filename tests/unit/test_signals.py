@@ -111,6 +111,7 @@ def test_required_metrics_include_histogram_series_and_detection() -> None:
         ("rate({{pool.hold_seconds}}[5m])", "is a histogram"),
         ("{{pool.used:sum}}", "has no :sum"),
         ("up", "refers to no signal"),
+        ("max by (pool) ({{pool.used}}", "does not parse as PromQL"),
     ],
 )
 def test_bad_references_are_refused(template: str, message: str) -> None:

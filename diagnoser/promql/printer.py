@@ -1,0 +1,156 @@
+"""PromQL from a syntax tree, written the way people write it, with rewrites applied on the way.
+
+``promql-parser``'s own printer is not used: it drops a subquery's default step (``x[5m:]``
+becomes the range ``x[5m]``), loses sub-second durations and does not escape quotes in label
+values, each of which changes what Prometheus answers. This one writes every node the parser
+makes, keeps the parentheses the query had (they are nodes of the tree) and prints
+``max by (pool) (x{a="b"}[5m])`` style: a printed query parses back to the same tree.
+
+:class:`Hooks` carries the rewrites of :mod:`diagnoser.promql.rewrite`: replacement text for a
+selector, new names for grouping labels, and nodes whose value is multiplied by a factor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import promql_parser as pp
+
+from diagnoser.promql.duration import format_duration
+from diagnoser.promql.syntax import match_op
+
+__all__ = ["Hooks", "format_number", "quote", "render"]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Rewrites applied while printing; the defaults print the tree as it is."""
+
+    #: Text for a selector's metric and matchers (``None``: print it as written).
+    selector: Callable[[pp.VectorSelector], str | None] = lambda _: None
+    #: The name to print for a label of a ``by``/``without``/``on``/``ignoring``/``group_*`` clause.
+    label: Callable[[str], str] = lambda name: name
+    #: ``id`` of a node -> factors: the node is printed as ``(<node> * factor)``, once per factor.
+    scale: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+
+
+_PLAIN = Hooks()
+
+
+def render(node: pp.Expr, hooks: Hooks = _PLAIN) -> str:
+    """``node`` as PromQL text, with ``hooks`` applied."""
+    text = _render(node, hooks)
+    for factor in hooks.scale.get(id(node), ()):
+        text = f"({text} * {format_number(factor)})"
+    return text
+
+
+def _render(node: pp.Expr, hooks: Hooks) -> str:
+    if isinstance(node, pp.NumberLiteral):
+        return format_number(node.val)
+    if isinstance(node, pp.StringLiteral):
+        return quote(node.val)
+    if isinstance(node, pp.VectorSelector):
+        return _selector(node, hooks) + _modifiers(node.offset, node.at)
+    if isinstance(node, pp.MatrixSelector):
+        inner = node.vector_selector
+        return f"{_selector(inner, hooks)}[{_duration(node.range)}]" + _modifiers(inner.offset, inner.at)
+    if isinstance(node, pp.SubqueryExpr):
+        step = _duration(node.step) if node.step is not None else ""
+        assert node.range is not None  # a subquery always has its range
+        ranged = f"{render(node.expr, hooks)}[{_duration(node.range)}:{step}]"
+        return ranged + _modifiers(node.offset, node.at)
+    if isinstance(node, pp.Call):
+        return f"{node.func.name}({', '.join(render(arg, hooks) for arg in node.args)})"
+    if isinstance(node, pp.AggregateExpr):
+        return _aggregate(node, hooks)
+    if isinstance(node, pp.BinaryExpr):
+        operator = f"{node.op}{_matching(node.modifier, hooks)}"
+        return f"{render(node.lhs, hooks)} {operator} {render(node.rhs, hooks)}"
+    if isinstance(node, pp.UnaryExpr):
+        return f"-{render(node.expr, hooks)}"
+    if isinstance(node, pp.ParenExpr):
+        return f"({render(node.expr, hooks)})"
+    raise TypeError(f"cannot print a {type(node).__name__} node")
+
+
+def _selector(node: pp.VectorSelector, hooks: Hooks) -> str:
+    replaced = hooks.selector(node)
+    if replaced is not None:
+        return replaced
+    name = str(node.name or "")
+    matchers = [m for m in node.matchers.matchers if not (name and m.name == "__name__")]
+    groups = [", ".join(_matcher(m) for m in matchers)] if matchers else []
+    groups += [", ".join(_matcher(m) for m in alternative) for alternative in node.matchers.or_matchers]
+    if not groups:
+        return name
+    return f"{name}{{{' or '.join(groups)}}}"
+
+
+def _matcher(matcher: pp.Matcher) -> str:
+    return f"{matcher.name}{match_op(matcher)}{quote(matcher.value)}"
+
+
+def _modifiers(offset: timedelta | None, at: pp.AtModifier | None) -> str:
+    text = ""
+    if offset is not None:
+        seconds = offset.total_seconds()
+        text += f" offset {'-' if seconds < 0 else ''}{format_duration(abs(seconds))}"
+    if at is not None:
+        if at.type == pp.AtModifierType.Start:
+            text += " @ start()"
+        elif at.type == pp.AtModifierType.End:
+            text += " @ end()"
+        elif at.at is not None:
+            text += f" @ {format_number(at.at.timestamp())}"
+    return text
+
+
+def _aggregate(node: pp.AggregateExpr, hooks: Hooks) -> str:
+    operands = [node.expr] if node.param is None else [node.param, node.expr]
+    arguments = ", ".join(render(operand, hooks) for operand in operands)
+    modifier = node.modifier
+    if modifier is None:
+        return f"{node.op}({arguments})"
+    clause = "by" if modifier.type == pp.AggModifierType.By else "without"
+    return f"{node.op} {clause} ({_labels(modifier.labels, hooks)}) ({arguments})"
+
+
+def _matching(modifier: pp.BinModifier | None, hooks: Hooks) -> str:
+    if modifier is None:
+        return ""
+    text = " bool" if modifier.return_bool else ""
+    if modifier.matching is not None:
+        clause = "on" if modifier.matching.type == pp.LabelModifierType.Include else "ignoring"
+        text += f" {clause} ({_labels(modifier.matching.labels, hooks)})"
+    if modifier.group_labels is not None:
+        side = "group_left" if modifier.card == pp.VectorMatchCardinality.ManyToOne else "group_right"
+        text += f" {side} ({_labels(modifier.group_labels, hooks)})"
+    return text
+
+
+def _labels(labels: list[str], hooks: Hooks) -> str:
+    return ", ".join(hooks.label(label) for label in labels)
+
+
+def _duration(value: timedelta) -> str:
+    return format_duration(value.total_seconds())
+
+
+def format_number(value: float) -> str:
+    """A number as PromQL reads it back exactly: ``3600``, ``0.95``, ``1e-09``, ``Inf``, ``NaN``."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Inf" if value > 0 else "-Inf"
+    text = repr(float(value))
+    return text.removesuffix(".0")
+
+
+def quote(value: str) -> str:
+    """A label value or string argument as a double-quoted PromQL string."""
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,142 @@
+"""Rewriting PromQL on its syntax tree: selectors renamed or replaced, grouping labels renamed.
+
+Two uses: the ``metrics:`` overrides of the config (:func:`rename_metrics`: an exporter's name ->
+the installed one, a histogram's ``_bucket``/``_count``/``_sum`` following its base name), and
+signal expansion, which puts a convention's selector where a rule wrote a signal, renames the
+labels of ``by``/``on``/... clauses and scales values in another unit to seconds where they are
+read (:func:`rewrite` with a :class:`Replacement` per selector)::
+
+    rename_metrics("sum(rate(h_bucket[5m])) by (le)", {"h": "x"})
+    # 'sum by (le) (rate(x_bucket[5m]))'
+
+A rewritten query is printed from the tree (:mod:`diagnoser.promql.printer`), so its layout is
+the printer's; a query nothing applies to comes back as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+import promql_parser as pp
+
+from diagnoser.errors import ExpressionError
+from diagnoser.promql.printer import Hooks, quote, render
+from diagnoser.promql.syntax import match_op, metric_names, parse, selector_name, walk
+
+__all__ = ["Replacement", "rename_metrics", "rewrite"]
+
+_HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What a selector becomes: another metric, matchers added before its own, a factor for its values."""
+
+    metric: str
+    #: ``(label, op, value)`` matchers, e.g. ``("state", "=", "used")``.
+    matchers: tuple[tuple[str, str, str], ...] = ()
+    #: Values are multiplied by this where they are read: around the function applied to the
+    #: range (``(rate(x[5m]) * 0.001)``) or around the instant selector itself.
+    scale: float = 1.0
+    #: The series are a histogram's buckets: the factor goes around ``histogram_quantile``.
+    buckets: bool = False
+
+
+def rewrite(
+    query: str,
+    replace: Callable[[str], Replacement | None],
+    labels: Callable[[str], str] | None = None,
+) -> str:
+    """``query`` with each selector of metric ``m`` replaced by ``replace(m)`` (unless ``None``).
+
+    ``labels`` renames the labels of ``by``, ``without``, ``on``, ``ignoring`` and ``group_*``
+    clauses. Raises :class:`ExpressionError` when ``query`` does not parse, or when buckets to
+    scale are not read by ``histogram_quantile``.
+    """
+    tree = parse(query)
+    chosen: dict[int, tuple[pp.VectorSelector, Replacement]] = {}
+    scale: dict[int, tuple[float, ...]] = {}
+
+    def visit(node: pp.Expr, ancestors: tuple[pp.Expr, ...]) -> None:
+        if not isinstance(node, pp.VectorSelector):
+            return
+        name = selector_name(node)
+        replacement = replace(name) if name is not None else None
+        if replacement is None:
+            return
+        chosen[id(node)] = (node, replacement)
+        if replacement.scale != 1.0:
+            target = id(_value_node(node, ancestors, replacement.buckets))
+            scale[target] = (*scale.get(target, ()), replacement.scale)
+
+    walk(tree, visit)
+
+    def selector(node: pp.VectorSelector) -> str | None:
+        found = chosen.get(id(node))
+        return _replaced(found[0], found[1]) if found is not None else None
+
+    return render(tree, Hooks(selector=selector, label=labels or _same, scale=scale))
+
+
+def _same(label: str) -> str:
+    return label
+
+
+def _replaced(node: pp.VectorSelector, replacement: Replacement) -> str:
+    own = [(m.name, match_op(m), m.value) for m in node.matchers.matchers if m.name != "__name__"]
+    matchers = [*replacement.matchers, *own]
+    if not matchers:
+        return replacement.metric
+    return replacement.metric + "{" + ", ".join(f"{n}{op}{quote(v)}" for n, op, v in matchers) + "}"
+
+
+def _value_node(node: pp.VectorSelector, ancestors: tuple[pp.Expr, ...], buckets: bool) -> pp.Expr:
+    """Where a selector's value is read: the quantile over buckets, the range's function, or itself."""
+    if buckets:
+        for ancestor in reversed(ancestors):
+            if isinstance(ancestor, pp.Call) and ancestor.func.name == "histogram_quantile":
+                return ancestor
+        raise ExpressionError("a histogram's buckets in another unit must be read by histogram_quantile")
+    if ancestors and isinstance(ancestors[-1], pp.MatrixSelector):
+        if len(ancestors) > 1 and isinstance(ancestors[-2], pp.Call):
+            return ancestors[-2]
+        return ancestors[-1]
+    return node
+
+
+def rename_metrics(query: str, overrides: Mapping[str, str]) -> str:
+    """Rename metrics in ``query`` per ``overrides`` (exporter name -> installed name).
+
+    A histogram or counter's series follow their base name: overriding
+    ``http_server_request_duration_seconds`` renames its ``_bucket``, ``_count`` and ``_sum``.
+    String literals and label names are left alone; a query with nothing to rename comes back
+    unchanged. :class:`ExpressionError` when there are overrides and ``query`` does not parse.
+    """
+    if not overrides:
+        return query
+    return _rename(query, tuple(sorted(overrides.items())))
+
+
+@lru_cache(maxsize=1024)
+def _rename(query: str, overrides: tuple[tuple[str, str], ...]) -> str:
+    table = dict(overrides)
+
+    def renamed(name: str) -> str | None:
+        if name in table:
+            return table[name]
+        for suffix in _HISTOGRAM_SUFFIXES:
+            base = name.removesuffix(suffix)
+            if base != name and base in table:
+                return table[base] + suffix
+        return None
+
+    if all(renamed(name) is None for name in metric_names(query)):
+        return query
+
+    def replace(name: str) -> Replacement | None:
+        new = renamed(name)
+        return Replacement(metric=new) if new is not None else None
+
+    return rewrite(query, replace)
