@@ -27,7 +27,7 @@ _ROOT = _HERE.parent
 sys.path.insert(0, str(_ROOT))
 
 from diagnoser.checks.registry import CheckContext, check_kinds  # noqa: E402
-from diagnoser.config import KubernetesSettings, Settings  # noqa: E402
+from diagnoser.config import KubernetesSettings  # noqa: E402
 from diagnoser.models import SourceError  # noqa: E402
 from diagnoser.sources import Sources  # noqa: E402
 from diagnoser.sources.kubernetes import KubernetesSource  # noqa: E402
@@ -45,7 +45,7 @@ async def evaluate(kubeconfig: Path) -> tuple[float, dict[str, int], int]:
     from tests.fixtures.k8s.objects import AT
 
     source = KubernetesSource.from_settings(KubernetesSettings(enabled=True, kubeconfig=kubeconfig))
-    ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
+    ctx = CheckContext(at=AT, sources=Sources(kubernetes=source))
     kinds = {name[4:]: kind for name, kind in check_kinds().items() if name.startswith("k8s.")}
     try:
         started = time.perf_counter()

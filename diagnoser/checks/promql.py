@@ -24,7 +24,7 @@ from diagnoser.promql import duration_seconds, is_duration, is_selector
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
 if TYPE_CHECKING:
-    from diagnoser.config import Settings
+    from diagnoser.signals import Catalogue
 
 __all__ = ["AbsentParams", "PromqlParams", "TrendParams", "limit_query", "trend_query"]
 
@@ -153,7 +153,7 @@ def limit_query(params: TrendParams) -> str:
     return f"max by ({on}) ({params.limit}) > 0"
 
 
-def trend_queries(params: TrendParams, settings: Settings) -> list[tuple[str, str]]:
+def trend_queries(params: TrendParams, catalogue: Catalogue) -> list[tuple[str, str]]:
     """The projection, and the limits query when the trend compares with a limit."""
     found = [("", trend_query(params))]
     if params.limit:

@@ -14,15 +14,17 @@ A check kind is one module that registers a coroutine with :func:`check_kind`::
         return [Evidence(source="elasticsearch", query="GET _nodes/hot_threads", ...)]
 
 A rule condition ``- es_hot_threads_demo: {pool: merge}`` is then validated against
-``HotThreadsParams`` when the rule file loads. A check returns the evidence rows that hold
-(an empty list means the condition does not hold), or a :class:`SourceError` when its source
-could not answer.
+``HotThreadsParams`` when the rule file loads. A check sees only its :class:`CheckContext` (the
+instant, the sources, the signal catalogue and the rules' window), never the whole
+configuration. A check returns the evidence rows that hold (an empty list means the condition
+does not hold), or a :class:`SourceError` when its source could not answer.
 
 A kind declares the sources it ``reads`` (all must be configured, else the engine skips the rule
 quietly before any query) and those it ``also_reads`` when present; a name that is not a source
-is an error when the kind registers. ``queries`` lists the PromQL a condition would send, for
-``rules lint`` and the coverage report. Every module in the ``diagnoser.checks`` package tree is
-imported by :func:`load_check_kinds`, so adding a kind edits no table.
+is an error when the kind registers. ``queries`` lists the PromQL a condition would send (given
+the signal catalogue), for ``rules lint`` and the coverage report. Every module in the
+``diagnoser.checks`` package tree is imported by :func:`load_check_kinds`, so adding a kind
+edits no table.
 """
 
 from __future__ import annotations
@@ -32,16 +34,15 @@ import pkgutil
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
+from diagnoser.config import Settings
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
+from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.sources.base import SOURCE_NAMES, SourceName, Sources
-
-if TYPE_CHECKING:
-    from diagnoser.config import Settings
 
 __all__ = [
     "CheckContext",
@@ -57,15 +58,22 @@ P = TypeVar("P", bound=BaseModel)
 T = TypeVar("T")
 
 
-@dataclass
+#: The rules' averaging window when none is given: the config's default ``window``.
+DEFAULT_WINDOW: str = Settings.model_fields["window"].default
+
+
+@dataclass(frozen=True)
 class CheckContext:
-    """What a check may use: the evaluation instant, config, sources and template values."""
+    """What a check may use: the evaluation instant, the sources, the signal catalogue and the
+    rules' averaging window. Configuration reaches a check as its parameters (``${...}`` resolved
+    when the rule is evaluated), not as settings."""
 
     at: datetime
-    settings: Settings
     sources: Sources
-    #: Values for ``${...}`` placeholders: ``slo.p99_seconds``, ``signals.queue_length``, rule params.
-    variables: Mapping[str, Any] = field(default_factory=dict)
+    #: The catalogue the rules were checked against (shipped plus ``signal_files``).
+    catalogue: Catalogue = field(default_factory=load_catalogue)
+    #: ``window`` in the config, a PromQL duration.
+    window: str = DEFAULT_WINDOW
 
     def require(self, source: T | None, name: str) -> T:
         """Return ``source`` or raise :class:`SourceNotConfigured` so the rule is skipped."""
@@ -87,7 +95,7 @@ class CheckKind:
     also_reads: tuple[SourceName, ...] = ()
     #: ``(where, PromQL)`` for every query a condition with these (resolved) params can send;
     #: ``where`` tells alternatives apart (``""``, ``".limit"``, ``" (otel-semconv)"``).
-    queries: Callable[[Any, Settings], list[tuple[str, str]]] | None = None
+    queries: Callable[[Any, Catalogue], list[tuple[str, str]]] | None = None
     #: False for a kind that holds when its data is missing (``absent``): its metrics being
     #: absent is no gap in coverage.
     needs_data: bool = True
@@ -96,8 +104,8 @@ class CheckKind:
     def sources(self) -> tuple[SourceName, ...]:
         return (*self.reads, *(name for name in self.also_reads if name not in self.reads))
 
-    def queries_of(self, params: BaseModel, settings: Settings) -> list[tuple[str, str]]:
-        return self.queries(params, settings) if self.queries is not None else []
+    def queries_of(self, params: BaseModel, catalogue: Catalogue) -> list[tuple[str, str]]:
+        return self.queries(params, catalogue) if self.queries is not None else []
 
 
 _REGISTRY: dict[str, CheckKind] = {}
@@ -116,7 +124,7 @@ def check_kind(
     params: type[P],
     reads: Collection[str],
     also_reads: Collection[str] = (),
-    queries: Callable[[P, Settings], list[tuple[str, str]]] | None = None,
+    queries: Callable[[P, Catalogue], list[tuple[str, str]]] | None = None,
     needs_data: bool = True,
 ) -> Callable[
     [Callable[[P, CheckContext], Awaitable[CheckResult]]], Callable[[P, CheckContext], Awaitable[CheckResult]]

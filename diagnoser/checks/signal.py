@@ -28,26 +28,37 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
 from diagnoser.promql import duration_seconds
-from diagnoser.signals import Expansion, expansions, load_catalogue, normalise_labels, validate_template
-from diagnoser.signals.catalogue import active_catalogue
+from diagnoser.signals import (
+    Catalogue,
+    Expansion,
+    expansions,
+    load_catalogue,
+    normalise_labels,
+    validate_template,
+)
 from diagnoser.sources.prometheus import PrometheusSource
 
-if TYPE_CHECKING:
-    from diagnoser.config import Settings
-
-__all__ = ["SignalParams", "signal_check", "templates_of"]
+__all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
 
 SOURCE = "prometheus"
 #: Metric names are looked up over at least this long before the instant evaluated.
 MIN_NAMES_LOOKBACK_S = 300.0
+
+
+def catalogue_of(info: ValidationInfo) -> Catalogue:
+    """The catalogue a condition is checked against: the validation context's (the one the
+    rules load with, ``resolve_condition(..., catalogue=)``), else the shipped one."""
+    context = info.context if isinstance(info.context, dict) else {}
+    catalogue = context.get("catalogue")
+    return catalogue if isinstance(catalogue, Catalogue) else load_catalogue()
 
 
 class Alternative(BaseModel):
@@ -60,8 +71,8 @@ class Alternative(BaseModel):
 
     @field_validator("query")
     @classmethod
-    def _query_signals(cls, value: str) -> str:
-        validate_template(value, active_catalogue())
+    def _query_signals(cls, value: str, info: ValidationInfo) -> str:
+        validate_template(value, catalogue_of(info))
         return value
 
 
@@ -76,9 +87,9 @@ class SignalParams(BaseModel):
 
     @field_validator("query")
     @classmethod
-    def _query_signals(cls, value: str | None) -> str | None:
+    def _query_signals(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
-            validate_template(value, active_catalogue())
+            validate_template(value, catalogue_of(info))
         return value
 
     @field_validator("any_of", mode="before")
@@ -102,13 +113,12 @@ class SignalParams(BaseModel):
 def templates_of(params: SignalParams) -> list[Alternative]:
     """The queries of a condition: its one query, or each of ``any_of`` in order."""
     if params.query is not None:
-        return [Alternative(query=params.query)]
+        return [Alternative.model_construct(query=params.query, what=None)]  # validated already
     return list(params.any_of or [])
 
 
-def signal_queries(params: SignalParams, settings: Settings) -> list[tuple[str, str]]:
+def signal_queries(params: SignalParams, catalogue: Catalogue) -> list[tuple[str, str]]:
     """Every query the condition can send: each alternative under every convention of the catalogue."""
-    catalogue = load_catalogue(tuple(settings.signal_files))
     return [
         (f" ({expansion.convention.name})", expansion.query)
         for alternative in templates_of(params)
@@ -119,8 +129,8 @@ def signal_queries(params: SignalParams, settings: Settings) -> list[tuple[str, 
 @check_kind("signal", params=SignalParams, reads={SOURCE}, queries=signal_queries)
 async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
-    catalogue = load_catalogue(tuple(ctx.settings.signal_files))
-    lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.settings.window))
+    catalogue = ctx.catalogue
+    lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window))
     present = await source.metric_names(ctx.at, lookback)
     if isinstance(present, SourceError):
         return present

@@ -10,22 +10,13 @@
 
 from __future__ import annotations
 
-from diagnoser.cli import capacity, now, rules, serve
+from diagnoser.cli import capacity, now, probe, rules, serve
 from diagnoser.cli.app import app
 
 __all__ = ["app", "main"]
 
 # Importing a command's module registers it; the names keep the imports visibly used.
-_COMMANDS = (now, rules, capacity, serve)
-
-
-def _mount_probe_command() -> None:
-    from diagnoser.probe.cli import probe_command
-
-    app.command("probe")(probe_command)
-
-
-_mount_probe_command()
+_COMMANDS = (now, rules, probe, capacity, serve)
 
 
 def main() -> None:

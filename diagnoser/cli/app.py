@@ -1,16 +1,24 @@
-"""The ``diagnose`` Typer application and what its commands share: consoles, options, errors.
+"""The ``diagnose`` Typer application and the kit every command is built from.
 
 Each command lives in its own module of :mod:`diagnoser.cli` and registers itself on :data:`app`.
-Usage and configuration errors print one line to stderr and exit 2.
+What they share is here, so no command has its own: the ``--config`` option
+(:data:`ConfigOption`), the output formats (:class:`OutputFormat`, :data:`FormatOption`), the
+error printer (:func:`fail`: one line on stderr, exit 2 for usage and configuration errors),
+settings and rules loading, and the loop runner (:func:`run_loop`: the one event loop of
+:func:`diagnoser.probe.entry.run_event_loop`, with Ctrl-C handed to the run's own stop).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
 import sys
+from collections.abc import Callable, Collection, Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,22 +28,31 @@ from diagnoser.daemon.logs import MaskingFormatter
 from diagnoser.engine import load_ruleset
 from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError
+from diagnoser.probe.entry import run_event_loop
 from diagnoser.ruleset import RuleSet
+
+if TYPE_CHECKING:
+    from diagnoser.sources.kubernetes.credentials import Credentials
 
 __all__ = [
     "ConfigOption",
+    "FormatOption",
     "OutputFormat",
     "PrometheusOption",
     "app",
+    "check_format",
     "check_inputs_or_exit",
     "configure_logging",
     "fail",
     "load_cli_rules",
     "load_cli_settings",
     "rules_app",
+    "run_loop",
     "stderr",
     "stdout",
 ]
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="diagnose",
@@ -52,9 +69,22 @@ stderr = Console(stderr=True)
 
 
 class OutputFormat(StrEnum):
+    """What ``--format`` may say, for every command (a command may print only some of them)."""
+
     table = "table"
     json = "json"
     markdown = "markdown"
+
+
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+
+
+def check_format(output: OutputFormat, printed: Collection[OutputFormat]) -> OutputFormat:
+    """``output`` when the command prints it; else a usage error (exit 2) naming what it prints."""
+    if output not in printed:
+        names = " or ".join(f.value for f in OutputFormat if f in printed)
+        raise fail(f"--format {output.value}: this command prints {names}")
+    return output
 
 
 def _print_version(value: bool) -> None:
@@ -90,11 +120,32 @@ PrometheusOption = Annotated[
 ]
 
 
-def load_cli_settings(config: Path | None, overrides: dict[str, Any]) -> Settings:
+def load_cli_settings(config: Path | None, overrides: dict[str, Any] | None = None) -> Settings:
+    """The settings of ``--config`` and the environment, with the command's flags over them."""
     try:
-        return load_settings(config, overrides=overrides)
+        return load_settings(config, overrides=overrides or None)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
+
+
+def run_loop(main: Coroutine[Any, Any, T], *, on_interrupt: Callable[[], None] | None = None) -> T:
+    """Run ``main`` on the one event loop; with ``on_interrupt``, Ctrl-C calls it (the run's own
+    stop, so in-flight requests settle and the partial result is printed, not a traceback)."""
+    if on_interrupt is None:
+        return run_event_loop(main)
+    stop = on_interrupt
+
+    async def interruptible() -> T:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGINT, stop)
+        try:
+            return await main
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGINT)
+
+    return run_event_loop(interruptible())
 
 
 def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> RuleSet:
@@ -114,10 +165,13 @@ def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> 
     return ruleset
 
 
-def check_inputs_or_exit(settings: Settings) -> None:
-    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load."""
+def check_inputs_or_exit(settings: Settings, *, daemon: bool = False) -> Credentials | None:
+    """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load.
+
+    Returns the Kubernetes credentials loaded on the way, so the run does not read them again.
+    """
     try:
-        check_inputs(settings)
+        return check_inputs(settings, daemon=daemon)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
 

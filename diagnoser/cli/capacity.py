@@ -16,11 +16,7 @@ held, 1 otherwise (including an interrupted run), 2 usage, configuration or safe
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,19 +28,22 @@ from diagnoser.capacity.render import render_capacity_markdown, render_capacity_
 from diagnoser.capacity.report import CapacityReport, CapacityStep
 from diagnoser.capacity.run import CapacityOptions, CapacityRun
 from diagnoser.capacity.step import StepPlan
-from diagnoser.cli.app import app, fail
-from diagnoser.config import Settings, load_settings
+from diagnoser.cli.app import (
+    ConfigOption,
+    FormatOption,
+    OutputFormat,
+    app,
+    fail,
+    load_cli_settings,
+    run_loop,
+    stderr,
+    stdout,
+)
+from diagnoser.config import Settings
 from diagnoser.errors import DiagnoserError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
-from diagnoser.probe.entry import run_event_loop
 
-__all__ = ["CapacityOutput", "capacity_command"]
-
-
-class CapacityOutput(StrEnum):
-    table = "table"
-    json = "json"
-    markdown = "markdown"
+__all__ = ["capacity_command"]
 
 
 def _parse_steps(text: str | None) -> list[float] | None:
@@ -105,19 +104,6 @@ def _plan(
     )
 
 
-async def _execute(run: CapacityRun) -> CapacityReport:
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        # Ctrl-C stops the running step through the run's own stop(): its answers settle and
-        # the partial table is printed instead of a traceback.
-        loop.add_signal_handler(signal.SIGINT, run.stop)
-    try:
-        return await run.run()
-    finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
-
-
 def _progress_printers(err: Console) -> tuple[Any, Any]:
     def on_progress(rate: float, live: LiveStats) -> None:
         p99 = "-" if live.recent_p99_ms is None else f"{live.recent_p99_ms:.1f} ms"
@@ -165,8 +151,6 @@ ExpectRps = Annotated[
 PrometheusUrl = Annotated[
     str | None, typer.Option("--prometheus-url", help="Evaluate the rules at each step.")
 ]
-ConfigPath = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
-Output = Annotated[CapacityOutput, typer.Option("--format", "-f", help="table, json or markdown.")]
 PlotPath = Annotated[
     Path | None, typer.Option("--plot", help="Write p99/p50 against rate to FILE (.svg or .png).")
 ]
@@ -193,18 +177,18 @@ def capacity_command(
     max_steps: MaxSteps = 16,
     expect_rps: ExpectRps = None,
     prometheus_url: PrometheusUrl = None,
-    config: ConfigPath = None,
-    output: Output = CapacityOutput.table,
+    config: ConfigOption = None,
+    output: FormatOption = OutputFormat.table,
     plot: PlotPath = None,
     slack: PostToSlack = False,
 ) -> None:
     """Step open-loop load up to the SLO's knee; name the cause that appears there."""
-    err = Console(stderr=True)
+    err = stderr
     overrides: dict[str, Any] = {"slo": {"p99_ms": slo_p99_ms, "error_ratio": max_error_ratio}}
     if prometheus_url:
         overrides["prometheus"] = {"url": prometheus_url}
+    settings = load_cli_settings(config, overrides)
     try:
-        settings = load_settings(config, overrides=overrides)
         options = _options(
             settings,
             dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
@@ -215,10 +199,12 @@ def capacity_command(
             check_plot_path(plot)
         sender = _slack_sender(settings) if slack else None
     except DiagnoserError as exc:
-        raise fail(str(exc), console=err) from exc
+        raise fail(str(exc)) from exc
     on_progress, on_step = _progress_printers(err) if err.is_terminal else (None, None)
     run = CapacityRun(plan, settings, options, on_progress=on_progress, on_step=on_step)
-    report = run_event_loop(_execute(run))
+    # Ctrl-C stops the running step through the run's own stop(): its answers settle and the
+    # partial table is printed instead of a traceback.
+    report = run_loop(run.run(), on_interrupt=run.stop)
     _print(report, output)
     if plot is not None:
         write_plot(report, plot)
@@ -227,13 +213,13 @@ def capacity_command(
     raise typer.Exit(report.exit_code)
 
 
-def _print(report: CapacityReport, output: CapacityOutput) -> None:
-    if output is CapacityOutput.json:
+def _print(report: CapacityReport, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
-    elif output is CapacityOutput.markdown:
+    elif output is OutputFormat.markdown:
         sys.stdout.write(render_capacity_markdown(report))
     else:
-        Console(soft_wrap=False).print(render_capacity_table(report))
+        stdout.print(render_capacity_table(report))
 
 
 def _slack_sender(settings: Settings) -> Any:
@@ -251,7 +237,7 @@ def _post_to_slack(sender: Any, report: CapacityReport, err: Console) -> None:
     from diagnoser.capacity.slack import render_capacity_report
 
     try:
-        asyncio.run(sender.post(render_capacity_report(report)))
+        run_loop(sender.post(render_capacity_report(report)))
     except SlackSendError as exc:
         err.print("[red]slack:[/red] ", end="")
         err.print(f"the report was not posted: {exc}", markup=False, highlight=False, soft_wrap=True)

@@ -9,12 +9,13 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from diagnoser.cli.app import (
     ConfigOption,
+    FormatOption,
     OutputFormat,
     PrometheusOption,
     app,
@@ -23,21 +24,25 @@ from diagnoser.cli.app import (
     fail,
     load_cli_rules,
     load_cli_settings,
+    run_loop,
     stderr,
     stdout,
 )
 from diagnoser.cli.timeparse import parse_instant
 from diagnoser.config import Settings, configured_sources
 from diagnoser.engine import run_diagnosis
-from diagnoser.engine.deadline import remaining_deadline
+from diagnoser.engine.deadline import Deadline
 from diagnoser.engine.run import ProbeSupplier
 from diagnoser.engine.scope import ReportScope
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
-from diagnoser.probe.entry import PreparedProbe, prepare_probe, run_event_loop
+from diagnoser.probe.entry import PreparedProbe, prepare_probe
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet
+
+if TYPE_CHECKING:
+    from diagnoser.sources.kubernetes.credentials import Credentials
 
 __all__ = ["now"]
 
@@ -50,9 +55,8 @@ At = Annotated[
 ]
 SloP99 = Annotated[float | None, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms.")]
 SloErrors = Annotated[float | None, typer.Option("--slo-error-ratio", help="Error ratio SLO, e.g. 0.01.")]
-Format = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
 RuleDirs = Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory (repeatable).")]
-Deadline = Annotated[
+DeadlineSeconds = Annotated[
     float | None, typer.Option("--deadline", help="Overall deadline in seconds for all rules.")
 ]
 Kubeconfig = Annotated[
@@ -140,9 +144,9 @@ def now(
     at: At = None,
     slo_p99_ms: SloP99 = None,
     slo_error_ratio: SloErrors = None,
-    output: Format = OutputFormat.table,
+    output: FormatOption = OutputFormat.table,
     rules_dir: RuleDirs = None,
-    deadline: Deadline = None,
+    deadline: DeadlineSeconds = None,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     in_cluster: InCluster = False,
@@ -175,7 +179,7 @@ def now(
     if deadline is not None:
         overrides["deadline_s"] = deadline
     settings = load_cli_settings(config, overrides)
-    check_inputs_or_exit(settings)
+    credentials = check_inputs_or_exit(settings)
     try:
         instant = parse_instant(at) if at else datetime.now(UTC)
     except ValueError as exc:
@@ -187,9 +191,8 @@ def now(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
             "--slowlog or --probe (or set them in --config)"
         )
-    # The deadline counts from the command's start: start-up and rule loading spend it too.
-    settings = settings.model_copy(update={"deadline_s": remaining_deadline(settings.deadline_s)})
-    diagnosis = scope.apply(_diagnose_with_spinner(settings, ruleset, instant, prepared_probe))
+    run = _Run(settings, ruleset, instant, credentials)
+    diagnosis = scope.apply(_diagnose_with_spinner(run, prepared_probe))
     _print_diagnosis(diagnosis, output, verbose > 0)
     raise typer.Exit(diagnosis.exit_code)
 
@@ -212,16 +215,39 @@ def _selected_rules(
         raise fail(str(exc)) from exc
 
 
-def _diagnose_with_spinner(
-    settings: Settings, ruleset: RuleSet, instant: datetime, prepared_probe: ProbeSupplier | None
-) -> Diagnosis:
+@dataclass(frozen=True)
+class _Run:
+    """What one ``diagnose now`` evaluates, as checked: the credentials are loaded already."""
+
+    settings: Settings
+    rules: RuleSet
+    instant: datetime
+    credentials: Credentials | None
+
+    def diagnose(self, probe: ProbeSupplier | None) -> Diagnosis:
+        # The deadline counts from the process's start: start-up, rule loading and the probe
+        # spend it too (run_diagnosis owns it from here).
+        deadline = Deadline.of_process(self.settings.deadline_s)
+        return run_loop(
+            run_diagnosis(
+                self.settings,
+                rules=self.rules,
+                at=self.instant,
+                probe=probe,
+                credentials=self.credentials,
+                deadline=deadline,
+            )
+        )
+
+
+def _diagnose_with_spinner(run: _Run, prepared_probe: ProbeSupplier | None) -> Diagnosis:
     """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
     if not stderr.is_terminal:
-        return run_event_loop(run_diagnosis(settings, rules=ruleset, at=instant, probe=prepared_probe))
-    sources = [name for name in configured_sources(settings) if name != "probe"]
+        return run.diagnose(prepared_probe)
+    sources = [name for name in configured_sources(run.settings) if name != "probe"]
     if prepared_probe is not None:
         sources.append("probe")
-    evaluating = f"evaluating {len(ruleset)} rules against {', '.join(sources)}"
+    evaluating = f"evaluating {len(run.rules)} rules against {', '.join(sources)}"
     with stderr.status(evaluating if prepared_probe is None else "probing the target") as status:
         probe: ProbeSupplier | None = None
         if prepared_probe is not None:
@@ -233,7 +259,7 @@ def _diagnose_with_spinner(
                 finally:
                     status.update(evaluating)
 
-        return run_event_loop(run_diagnosis(settings, rules=ruleset, at=instant, probe=probe))
+        return run.diagnose(probe)
 
 
 def _prepare_probe(target: str, rate: float, duration: float, settings: Settings) -> PreparedProbe:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -14,12 +13,14 @@ from rich.table import Table
 
 from diagnoser.cli.app import (
     ConfigOption,
+    FormatOption,
     OutputFormat,
     PrometheusOption,
     fail,
     load_cli_rules,
     load_cli_settings,
     rules_app,
+    run_loop,
     stderr,
     stdout,
 )
@@ -32,10 +33,10 @@ __all__ = ["rules_lint", "rules_list", "rules_test"]
 def rules_list(
     config: ConfigOption = None,
     rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
-    output: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    output: FormatOption = OutputFormat.table,
 ) -> None:
     """List every rule: id, cause, severity, sources, runbook."""
-    settings = load_cli_settings(config, {})
+    settings = load_cli_settings(config)
     ruleset = load_cli_rules(settings, rules_dir)
     rows = [
         {
@@ -98,7 +99,7 @@ def rules_lint(
         stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         problems.append(line)
     if settings.prometheus.url:
-        problems += asyncio.run(lint_queries(ruleset, settings))
+        problems += run_loop(lint_queries(ruleset, settings))
         for line in problems[len(ruleset.problems) :]:
             stderr.print("[yellow]query error:[/yellow] ", end="")
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -116,7 +117,7 @@ def rules_test(
     """Run rule unit tests on a real, backfilled local Prometheus (needs the prometheus package)."""
     from diagnoser.testing.rules import run_rule_tests
 
-    settings = load_cli_settings(config, {})
+    settings = load_cli_settings(config)
     try:
         results = run_rule_tests(files, base_settings=settings)
     except (ConfigError, LocalPrometheusError) as exc:

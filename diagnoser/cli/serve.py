@@ -20,11 +20,18 @@ from typing import Annotated, Any
 
 import typer
 
-from diagnoser.cli.app import app
-from diagnoser.config import configured_sources, load_settings
+from diagnoser.cli.app import (
+    ConfigOption,
+    PrometheusOption,
+    app,
+    check_inputs_or_exit,
+    fail,
+    load_cli_settings,
+    run_loop,
+)
+from diagnoser.config import configured_sources
 from diagnoser.daemon.logs import configure_logging
-from diagnoser.engine.run import check_inputs
-from diagnoser.errors import ConfigError, DiagnoserError
+from diagnoser.errors import DiagnoserError
 
 __all__ = ["LogFormat", "serve_command"]
 
@@ -38,14 +45,8 @@ class LogFormat(StrEnum):
 
 @app.command("serve")
 def serve_command(
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="YAML config file (DIAGNOSER_* variables override it)."),
-    ] = None,
-    prometheus_url: Annotated[
-        str | None,
-        typer.Option("--prometheus-url", help="PromQL API base URL (Prometheus, Thanos, Mimir...)."),
-    ] = None,
+    config: ConfigOption = None,
+    prometheus_url: PrometheusOption = None,
     log_format: Annotated[LogFormat, typer.Option("--log-format", help="Log lines as text or JSON.")] = (
         LogFormat.text
     ),
@@ -77,24 +78,19 @@ def serve_command(
         daemon["state_path"] = str(state)
     if daemon:
         overrides["daemon"] = daemon
-    try:
-        settings = load_settings(config, overrides=overrides or None)
-        check_inputs(settings, daemon=True)
-        if not configured_sources(settings):
-            raise ConfigError(
-                "no source configured: set prometheus.url, kubernetes, elasticsearch or "
-                "daemon.probe_files (or give --prometheus-url)"
-            )
-    except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    settings = load_cli_settings(config, overrides)
+    credentials = check_inputs_or_exit(settings, daemon=True)
+    if not configured_sources(settings):
+        raise fail(
+            "no source configured: set prometheus.url, kubernetes, elasticsearch or "
+            "daemon.probe_files (or give --prometheus-url)"
+        )
     configure_logging(settings, log_format=log_format.value, level=log_level, verbose=verbose)
     from diagnoser.daemon import run_daemon
-    from diagnoser.probe.entry import run_event_loop
 
     try:
         # The loop every probe runs on, so the daemon's probe measures as diagnose probe does.
-        run_event_loop(run_daemon(settings))
+        run_loop(run_daemon(settings, credentials=credentials))
     except (DiagnoserError, OSError) as exc:  # e.g. the listen port is taken, the state dir unwritable
         log.error("cannot run the daemon: %s", exc)
         raise typer.Exit(2) from exc

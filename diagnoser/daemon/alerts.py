@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from diagnoser.daemon.jobs import JobHost
 from diagnoser.daemon.schedule import GuardedRun
 from diagnoser.daemon.state import fingerprint
+from diagnoser.engine.scope import in_label_scope
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.outbox import NotificationKind
 
@@ -57,20 +58,12 @@ def alert_scopes(payload: Mapping[str, Any]) -> list[dict[str, str]]:
 def finding_in_scope(finding: Finding, scope: Mapping[str, str]) -> bool:
     """True when the finding is about the alert's workload, or about nothing narrower.
 
-    Labels the finding and the alert share must agree, on the finding itself or on one of its
-    evidence rows (a pool finding grouped by job still names its namespace in the evidence).
-    A cluster-wide cause (no scope label at all, e.g. a missing metrics-server) can explain
-    any alert and stays in.
+    The same rule as ``diagnose now --namespace`` (:func:`diagnoser.engine.scope.in_label_scope`):
+    labels the finding and the alert share must agree, on the finding itself or on one of its
+    evidence rows; a cluster-wide cause (no scope label at all, e.g. a missing metrics-server)
+    can explain any alert and stays in.
     """
-    rows = [finding.labels, *(e.labels for e in finding.evidence)]
-    shared_any = False
-    for labels in rows:
-        shared = [k for k in scope if k in labels]
-        if shared:
-            shared_any = True
-            if all(labels[k] == scope[k] for k in shared):
-                return True
-    return not shared_any
+    return in_label_scope(finding, {key: (value,) for key, value in scope.items()})
 
 
 def alert_name(payload: Mapping[str, Any]) -> str:

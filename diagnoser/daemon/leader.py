@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from diagnoser.config import KubernetesSettings, LeaderElectionSettings
 from diagnoser.sources.base import run_blocking
-from diagnoser.sources.kubernetes.credentials import load_credentials
+from diagnoser.sources.kubernetes.credentials import Credentials, load_credentials
 
 __all__ = ["LeaderElector", "LeaseElector", "SoleLeader", "elector_for"]
 
@@ -88,9 +88,16 @@ class LeaseElector:
         self._observed_at = 0.0
 
     @classmethod
-    def from_settings(cls, kubernetes: KubernetesSettings, settings: LeaderElectionSettings) -> LeaseElector:
-        """Credentials as for the Kubernetes source (in-cluster or kubeconfig); ConfigError if they fail."""
-        credentials = load_credentials(kubernetes, purpose="leader election")
+    def from_settings(
+        cls,
+        kubernetes: KubernetesSettings,
+        settings: LeaderElectionSettings,
+        *,
+        credentials: Credentials | None = None,
+    ) -> LeaseElector:
+        """Over the Kubernetes source's ``credentials`` when given (read once), else loaded as for
+        it (in-cluster or kubeconfig); ConfigError if they fail."""
+        credentials = credentials or load_credentials(kubernetes, purpose="leader election")
         return cls(credentials.api_client(), settings, timeout_s=kubernetes.timeout_s)
 
     @property
@@ -221,9 +228,14 @@ def _short(exc: BaseException) -> str:
     return str(exc)[:200]
 
 
-def elector_for(kubernetes: KubernetesSettings, settings: LeaderElectionSettings) -> LeaderElector:
+def elector_for(
+    kubernetes: KubernetesSettings,
+    settings: LeaderElectionSettings,
+    *,
+    credentials: Credentials | None = None,
+) -> LeaderElector:
     """A Lease elector when Kubernetes is configured (unless disabled), else the sole leader."""
     enabled = settings.enabled if settings.enabled is not None else kubernetes.enabled
     if not enabled:
         return SoleLeader(settings.identity)
-    return LeaseElector.from_settings(kubernetes, settings)
+    return LeaseElector.from_settings(kubernetes, settings, credentials=credentials)

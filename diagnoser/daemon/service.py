@@ -38,11 +38,13 @@ from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.schedule import GuardedRun, JobSchedule
 from diagnoser.daemon.state import StateStore
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
+from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.delivery import OutboxDelivery
 from diagnoser.notify.outbox import render_entry
 from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.ruleset import RuleSet
+from diagnoser.sources.kubernetes.credentials import Credentials, load_credentials
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -52,8 +54,9 @@ log = logging.getLogger(__name__)
 class Daemon:
     """The always-on diagnoser; one instance per process.
 
-    The rules, the Slack sender and the leader elector can be passed in; whatever is not is
-    built from ``settings`` (no Slack configured: state is kept, nothing is sent).
+    The rules, the Slack sender, the leader elector and the Kubernetes credentials (loaded once,
+    shared by the source and leader election) can be passed in; whatever is not is built from
+    ``settings`` (no Slack configured: state is kept, nothing is sent).
     """
 
     def __init__(
@@ -63,8 +66,10 @@ class Daemon:
         rules: RuleSet | None = None,
         sender: SlackSender | None = None,
         elector: LeaderElector | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.settings = settings
+        self.credentials = credentials
         self.config = settings.daemon
         self.metrics = DaemonMetrics()
         self.rules = rules
@@ -138,7 +143,8 @@ class Daemon:
             self.rules = load_ruleset(self.settings)
         for problem in self.rules.problems:
             log.warning("rule not loaded: %s", problem)
-        self.sources = build_sources(self.settings)
+        credentials = self.credentials or self._load_credentials()
+        self.sources = build_sources(self.settings, credentials=credentials)
         if self.sender is None:
             self.sender = SlackSender.from_settings(self.settings.slack)
         delivery = None
@@ -146,7 +152,19 @@ class Daemon:
             delivery = OutboxDelivery(state, self.sender, self.metrics, render_entry, self.settings.slack)
         self.outbox = OutboxJob(self, delivery, self.schedule)
         if self.elector is None:
-            self.elector = elector_for(self.settings.kubernetes, self.config.leader_election)
+            self.elector = elector_for(
+                self.settings.kubernetes, self.config.leader_election, credentials=credentials
+            )
+
+    def _load_credentials(self) -> Credentials | None:
+        """The Kubernetes credentials, read once for the source and leader election; ``None``
+        without Kubernetes, or when they do not load (each part then reports that its own way)."""
+        if not self.settings.kubernetes.enabled:
+            return None
+        try:
+            return load_credentials(self.settings.kubernetes)
+        except ConfigError:
+            return None
 
     async def stop(self) -> None:
         """Stop scheduling, let in-flight work finish within the grace period, flush and close."""
@@ -224,14 +242,19 @@ class Daemon:
 
 
 
-async def run_daemon(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
-    """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
+async def run_daemon(
+    settings: Settings, *, stop: asyncio.Event | None = None, credentials: Credentials | None = None
+) -> None:
+    """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully.
+
+    ``credentials``: the Kubernetes credentials the command's input check loaded.
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    daemon = Daemon(settings)
+    daemon = Daemon(settings, credentials=credentials)
     try:
         await daemon.start()
         await stop.wait()

@@ -27,6 +27,7 @@ from datetime import datetime
 from diagnoser.checks.probe import ProbeParams
 from diagnoser.config import Settings
 from diagnoser.engine import RuleOutcome
+from diagnoser.engine.evaluate import catalogue_of
 from diagnoser.errors import ExpressionError
 from diagnoser.models import (
     Coverage,
@@ -47,6 +48,7 @@ __all__ = [
     "LOOKBACK_S",
     "SOURCES",
     "build_coverage",
+    "mark_silenced",
     "metric_names_in",
     "metric_names_of",
     "no_data_finding",
@@ -58,6 +60,8 @@ __all__ = [
 SOURCES = ("prometheus", "kubernetes", "elasticsearch", "probe")
 #: How far before the instant a metric counts as present (a scrape interval or a rule's window).
 LOOKBACK_S = 300.0
+#: The statuses a rule can end a run in, in the order counts list them.
+_STATUSES: tuple[CoverageStatus, ...] = ("evaluated", "no_data", "skipped", "error", "silenced")
 
 
 def metric_names_in(query: str) -> set[str]:
@@ -75,6 +79,7 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
     skipped for that reason, not for missing data).
     """
     variables = rule.variables(settings)
+    catalogue = catalogue_of(settings)
     names: set[str] = set()
     for condition in (*rule.when, *rule.evidence):
         if not condition.kind.needs_data or (condition.kind.name == "signal" and condition not in rule.when):
@@ -82,10 +87,10 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
             # whether its rule can hold.
             continue
         try:
-            params = resolve_condition(condition.kind, condition.raw_params, variables)
+            params = resolve_condition(condition.kind, condition.raw_params, variables, catalogue=catalogue)
         except (MissingVariable, ValueError):
             continue
-        for _, query in condition.kind.queries_of(params, settings):
+        for _, query in condition.kind.queries_of(params, catalogue):
             try:
                 names |= metric_names_in(rewrite_metric_names(query, settings.metrics))
             except ExpressionError:
@@ -104,9 +109,10 @@ def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str
     if finished is None:
         return None
     variables = rule.variables(settings)
+    catalogue = catalogue_of(settings)
     for condition in rule.when:
         try:
-            params = resolve_condition(condition.kind, condition.raw_params, variables)
+            params = resolve_condition(condition.kind, condition.raw_params, variables, catalogue=catalogue)
         except (MissingVariable, ValueError):
             continue
         if isinstance(params, ProbeParams) and finished < params.min_requests:
@@ -121,24 +127,21 @@ def build_coverage(
     *,
     configured: Iterable[str],
     present_metrics: set[str] | SourceError | None,
-    silenced: Mapping[str, str] | None = None,
     source_errors: Iterable[SourceError] = (),
     probe_finished: int | None = None,
 ) -> Coverage:
-    """Each rule's and each source's status in one run.
+    """Each rule's and each source's status in one run, before silences (:func:`mark_silenced`).
 
     ``present_metrics`` is what the Prometheus holds at the instant (``None``: not asked, or no
-    answer in time; then ``no_data`` is not assessed). ``silenced`` maps rule ids whose every
-    finding a silence covered to the silence's comment.
+    answer in time; then ``no_data`` is not assessed).
     """
     by_id = {rule.id: rule for rule in rules}
-    silenced = silenced or {}
     names = present_metrics if isinstance(present_metrics, set) else None
     entries: list[RuleCoverage] = []
     for outcome in sorted(outcomes, key=lambda o: o.rule_id):
         rule = by_id.get(outcome.rule_id)
         source = rule.sources[0] if rule is not None and rule.sources else "engine"
-        entries.append(_rule_status(outcome, rule, source, settings, names, silenced, probe_finished))
+        entries.append(_rule_status(outcome, rule, source, settings, names, probe_finished))
     counts = Counter(entry.status for entry in entries)
     configured_set = set(configured)
     failed = {error.source: error.message for error in source_errors}
@@ -148,14 +151,45 @@ def build_coverage(
     sources = [
         _source_status(name, entries, configured_set, failed) for name in SOURCES if _mentions(name, entries)
     ]
-    ordered: dict[str, int] = {
-        status: counts[status]
-        for status in ("evaluated", "no_data", "skipped", "error", "silenced")
-        if counts[status]
-    }
+    ordered = {status: counts[status] for status in _STATUSES if counts[status]}
     coverage = Coverage(counts=ordered, sources=sources, rules=entries, metrics_checked=names is not None)
     coverage.summary = summary_line(coverage)
     return coverage
+
+
+def mark_silenced(coverage: Coverage, silenced: Mapping[str, str]) -> Coverage:
+    """``coverage`` with each rule in ``silenced`` (rule id: the silence's comment), whose every
+    finding a silence covered, marked ``silenced``; the counts and each source's tally follow.
+
+    Only a rule with findings can be silenced, and such a rule was ``evaluated``: no source's
+    status changes, so a run's coverage is built once and silences are applied once.
+    """
+    if not silenced:
+        return coverage
+    rules = [
+        entry.model_copy(update={"status": "silenced", "reason": silenced[entry.rule_id]})
+        if entry.rule_id in silenced
+        else entry
+        for entry in coverage.rules
+    ]
+    counts = Counter(entry.status for entry in rules)
+    sources = [
+        source.model_copy(update={"rules": _tally(rules, source.source)}) for source in coverage.sources
+    ]
+    marked = coverage.model_copy(
+        update={
+            "rules": rules,
+            "sources": sources,
+            "counts": {status: counts[status] for status in _STATUSES if counts[status]},
+        }
+    )
+    marked.summary = summary_line(marked)
+    return marked
+
+
+def _tally(entries: Sequence[RuleCoverage], source: str) -> dict[str, int]:
+    """How many of ``source``'s rules ended in each status."""
+    return dict(sorted(Counter(entry.status for entry in entries if entry.source == source).items()))
 
 
 def _rule_status(
@@ -164,7 +198,6 @@ def _rule_status(
     source: str,
     settings: Settings,
     names: set[str] | None,
-    silenced: Mapping[str, str],
     probe_finished: int | None,
 ) -> RuleCoverage:
     def entry(status: CoverageStatus, reason: str | None = None, missing: Iterable[str] = ()) -> RuleCoverage:
@@ -178,8 +211,6 @@ def _rule_status(
 
     if outcome.skipped is not None:
         return entry("skipped", outcome.skipped)
-    if outcome.rule_id in silenced:
-        return entry("silenced", silenced[outcome.rule_id])
     if outcome.errors and not outcome.findings:
         return entry("error", outcome.errors[0].message)
     if rule is not None and names is not None and not outcome.findings and "prometheus" in rule.sources:

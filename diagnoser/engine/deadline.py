@@ -1,17 +1,22 @@
-"""The deadline as the user feels it: counted from the moment the command started.
+"""One run's clock: the deadline as the user feels it, spent by start-up, the probe and the rules.
 
 ``--deadline 3`` means the report is on screen and the process gone about three seconds after
 the user pressed Enter, so interpreter start-up, rule loading and the probe all spend the same
-budget as the rules. :func:`remaining_deadline` turns the configured deadline into what is left
-for rule evaluation, keeping a small reserve for printing the report and exiting.
+budget as the rules. :func:`run_diagnosis <diagnoser.engine.run.run_diagnosis>` owns the one
+:class:`Deadline` of a run and asks it, once the probe is done, how long the rules may take::
+
+    deadline = Deadline.of_process(settings.deadline_s)    # diagnose now: since the process began
+    deadline = Deadline.starting_now(settings.deadline_s)  # the daemon: since this run began
+    deadline.for_rules()                                   # what is left, less the render reserve
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
-__all__ = ["RENDER_RESERVE_S", "process_age_s", "remaining_deadline"]
+__all__ = ["MIN_EVALUATION_S", "RENDER_RESERVE_S", "Deadline", "process_age_s"]
 
 #: Kept back from rule evaluation for rendering the report and interpreter exit.
 RENDER_RESERVE_S = 0.2
@@ -32,6 +37,32 @@ def process_age_s() -> float:
         return 0.0
 
 
-def remaining_deadline(deadline_s: float) -> float:
-    """What is left of ``deadline_s`` for evaluating rules, after start-up and the render reserve."""
-    return max(MIN_EVALUATION_S, deadline_s - process_age_s() - RENDER_RESERVE_S)
+@dataclass(frozen=True)
+class Deadline:
+    """``seconds`` counted from ``started`` (``time.monotonic()``); see the module docstring."""
+
+    seconds: float
+    started: float
+    #: Kept back for what follows the rules (printing the report, exiting).
+    reserve_s: float = 0.0
+    #: Rules get at least this long, however much start-up and the probe spent.
+    floor_s: float = 0.0
+
+    @classmethod
+    def starting_now(cls, seconds: float) -> Deadline:
+        """A budget that starts now, all of it for the run (the daemon's diagnoses)."""
+        return cls(seconds, time.monotonic())
+
+    @classmethod
+    def of_process(cls, seconds: float) -> Deadline:
+        """A budget that started with the process, keeping the render reserve (``diagnose now``)."""
+        started = time.monotonic() - process_age_s()
+        return cls(seconds, started, reserve_s=RENDER_RESERVE_S, floor_s=MIN_EVALUATION_S)
+
+    def left_s(self) -> float:
+        """Seconds left of the whole budget (0 once it is spent)."""
+        return max(0.0, self.started + self.seconds - time.monotonic())
+
+    def for_rules(self) -> float:
+        """Seconds the rules may take from now: what is left, less the reserve, at least the floor."""
+        return max(self.floor_s, self.left_s() - self.reserve_s)

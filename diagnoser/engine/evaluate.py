@@ -37,9 +37,18 @@ from diagnoser.models import Diagnosis, Evidence, Finding, SourceError
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
 from diagnoser.ruleset.templating import MissingVariable, format_text
+from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.sources import Sources
 
-__all__ = ["MAX_FINDINGS_PER_RULE", "RuleOutcome", "diagnose", "evaluate_rule", "subject_of"]
+__all__ = [
+    "MAX_FINDINGS_PER_RULE",
+    "RuleOutcome",
+    "catalogue_of",
+    "diagnose",
+    "evaluate",
+    "evaluate_rule",
+    "subject_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,56 +84,92 @@ async def diagnose(
     probe that could not run): they are reported with the rules' own, the same way.
     ``record``, when given, receives every rule's :class:`RuleOutcome` (for coverage).
     """
-    at = at or datetime.now(UTC)
+    diagnosis = await evaluate(rules, settings, sources, at=at, errors=errors, record=record)
+    return diagnosis.model_copy(update={"findings": rank_findings(diagnosis.findings)})
+
+
+async def evaluate(
+    rules: RuleSet | Iterable[Rule],
+    settings: Settings,
+    sources: Sources,
+    *,
+    at: datetime | None = None,
+    errors: Sequence[SourceError] = (),
+    record: list[RuleOutcome] | None = None,
+    catalogue: Catalogue | None = None,
+    deadline_s: float | None = None,
+) -> Diagnosis:
+    """:func:`diagnose` without the ranking, for a pipeline that silences first and ranks once.
+
+    ``catalogue`` is the signal catalogue the rules were loaded with (default: the shipped one
+    plus ``settings.signal_files``); ``deadline_s`` what is left of the run's deadline (default:
+    ``settings.deadline_s``).
+    """
+    ctx = CheckContext(
+        at=at or datetime.now(UTC),
+        sources=sources,
+        catalogue=catalogue if catalogue is not None else catalogue_of(settings),
+        window=settings.window,
+    )
     rule_list = list(rules)
     tasks = {
-        asyncio.create_task(evaluate_rule(rule, settings, sources, at), name=f"rule:{rule.id}"): rule
+        asyncio.create_task(evaluate_rule(rule, settings, ctx), name=f"rule:{rule.id}"): rule
         for rule in rule_list
     }
-    outcomes: list[RuleOutcome] = []
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=settings.deadline_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        for task, rule in tasks.items():
-            if task in pending:
-                outcomes.append(
-                    RuleOutcome(
-                        rule.id,
-                        errors=[
-                            SourceError(
-                                source=rule.sources[0] if rule.sources else "engine",
-                                # No rule id in the text: one cause, one entry (rules counted).
-                                message="no answer before the diagnosis deadline",
-                                rule_id=rule.id,
-                                scope="deadline",
-                            )
-                        ],
-                    )
-                )
-            else:
-                outcomes.append(task.result())
+    outcomes = await _outcomes(tasks, deadline_s if deadline_s is not None else settings.deadline_s)
     if record is not None:
         record.extend(outcomes)
     findings = without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
     reported = collapse_errors([*errors, *(e for outcome in outcomes for e in outcome.errors)])
     findings.extend(unavailable_findings(reported, settings))
     return Diagnosis(
-        evaluated_at=at,
-        findings=rank_findings(findings),
+        evaluated_at=ctx.at,
+        findings=findings,
         errors=reported,
         probe=sources.probe.model_dump(mode="json") if sources.probe is not None else None,
     )
 
 
-async def evaluate_rule(rule: Rule, settings: Settings, sources: Sources, at: datetime) -> RuleOutcome:
-    """Evaluate one rule; never raises (a bug in a check becomes an error entry)."""
+def catalogue_of(settings: Settings) -> Catalogue:
+    """The signal catalogue of these settings: the shipped one plus ``signal_files`` (cached).
+
+    A bad catalogue file raises :class:`ConfigError`.
+    """
+    return load_catalogue(tuple(settings.signal_files))
+
+
+async def _outcomes(tasks: Mapping[asyncio.Task[RuleOutcome], Rule], within_s: float) -> list[RuleOutcome]:
+    """Every rule's outcome; a rule still running after ``within_s`` seconds is cancelled and reported."""
+    if not tasks:
+        return []
+    _, pending = await asyncio.wait(tasks, timeout=within_s)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    outcomes: list[RuleOutcome] = []
+    for task, rule in tasks.items():
+        if task not in pending:
+            outcomes.append(task.result())
+            continue
+        missed = SourceError(
+            source=rule.sources[0] if rule.sources else "engine",
+            # No rule id in the text: one cause, one entry (rules counted).
+            message="no answer before the diagnosis deadline",
+            rule_id=rule.id,
+            scope="deadline",
+        )
+        outcomes.append(RuleOutcome(rule.id, errors=[missed]))
+    return outcomes
+
+
+async def evaluate_rule(rule: Rule, settings: Settings, ctx: CheckContext) -> RuleOutcome:
+    """Evaluate one rule as ``ctx`` says (instant, sources, catalogue); never raises (a bug in a
+    check becomes an error entry). ``settings`` resolve the rule's parameters and texts."""
     started = time.perf_counter()
     outcome = RuleOutcome(rule.id)
     try:
-        await _evaluate(rule, settings, sources, at, outcome)
+        await _evaluate(rule, settings, ctx, outcome)
     except SourceNotConfigured as exc:
         outcome.skipped = f"source {exc.source} not configured"
     except MissingVariable as exc:
@@ -144,20 +189,17 @@ async def evaluate_rule(rule: Rule, settings: Settings, sources: Sources, at: da
     return outcome
 
 
-async def _evaluate(
-    rule: Rule, settings: Settings, sources: Sources, at: datetime, outcome: RuleOutcome
-) -> None:
+async def _evaluate(rule: Rule, settings: Settings, ctx: CheckContext, outcome: RuleOutcome) -> None:
     params = rule.params_for(settings)
     variables = rule.variables(settings)
-    ctx = CheckContext(at=at, settings=settings, sources=sources, variables=variables)
     conditions = (*rule.when, *rule.evidence)
     for condition in conditions:
         # Fail fast and quietly on unset signals or unconfigured sources, before any query.
-        _resolve(rule, condition, variables)
+        _resolve(condition, variables, ctx.catalogue)
         for name in condition.kind.reads:
-            ctx.require(sources.get(name), name)
+            ctx.require(ctx.sources.get(name), name)
     when_results: Sequence[CheckResult] = await asyncio.gather(
-        *(condition.kind.run(_resolve(rule, condition, variables), ctx) for condition in rule.when)
+        *(c.kind.run(_resolve(c, variables, ctx.catalogue), ctx) for c in rule.when)
     )
     for result in when_results:
         if isinstance(result, SourceError):
@@ -166,7 +208,7 @@ async def _evaluate(
         return
     # Evidence is only worth its queries once the rule holds: a healthy run stays cheap.
     evidence_results: Sequence[CheckResult] = await asyncio.gather(
-        *(condition.kind.run(_resolve(rule, condition, variables), ctx) for condition in rule.evidence)
+        *(c.kind.run(_resolve(c, variables, ctx.catalogue), ctx) for c in rule.evidence)
     )
     for result in evidence_results:
         if isinstance(result, SourceError):
@@ -202,9 +244,9 @@ def subject_of(labels: Mapping[str, str]) -> str:
     return labels.get("instance") or labels.get("pool") or labels.get("pod") or "an unlabelled series"
 
 
-def _resolve(rule: Rule, condition: Condition, variables: Mapping[str, Any]) -> Any:
+def _resolve(condition: Condition, variables: Mapping[str, Any], catalogue: Catalogue) -> Any:
     try:
-        return resolve_condition(condition.kind, condition.raw_params, variables)
+        return resolve_condition(condition.kind, condition.raw_params, variables, catalogue=catalogue)
     except ValidationError as exc:
         # Config can make valid-at-load parameters invalid (a non-numeric rule_params value).
         raise ValueError(

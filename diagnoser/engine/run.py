@@ -1,9 +1,12 @@
 """One diagnosis, end to end: build the configured sources, run the probe if asked, evaluate, close.
 
 The CLI's ``diagnose now`` and the daemon's diagnose job both go through :func:`run_diagnosis`,
-so they cannot drift apart. A source that cannot even be built (a kubeconfig that does not
-parse, a malformed URL) or a probe that cannot run is handed to the evaluation with the
-sources, and reported there like any other source failure: one route for every error.
+so they cannot drift apart. A run has one clock (:class:`~diagnoser.engine.deadline.Deadline`)
+that the probe, the rules and the metric-name lookup all spend; the signal catalogue and the
+Kubernetes credentials are built once; silences, ranking and coverage are each applied once, in
+:func:`report`. A source that cannot even be built (a kubeconfig that does not parse, a
+malformed URL) or a probe that cannot run is handed to the evaluation with the sources, and
+reported there like any other source failure: one route for every error.
 """
 
 from __future__ import annotations
@@ -17,22 +20,37 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar, get_args
 
 from diagnoser.config import Settings, check_paths
-from diagnoser.engine.coverage import LOOKBACK_S, build_coverage, no_data_finding, summary_line
-from diagnoser.engine.evaluate import RuleOutcome, diagnose
+from diagnoser.engine.coverage import (
+    LOOKBACK_S,
+    build_coverage,
+    mark_silenced,
+    no_data_finding,
+    summary_line,
+)
+from diagnoser.engine.deadline import Deadline
+from diagnoser.engine.evaluate import RuleOutcome, catalogue_of, evaluate
 from diagnoser.engine.rank import rank_findings
 from diagnoser.engine.silences import apply_silences
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet, load_rules
-from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import SourceName, Sources
 from diagnoser.sources.prometheus import PrometheusSource
 
 if TYPE_CHECKING:
     from diagnoser.sources.elasticsearch import ElasticsearchSource
     from diagnoser.sources.kubernetes import KubernetesSource
+    from diagnoser.sources.kubernetes.credentials import Credentials
 
-__all__ = ["BuiltSources", "build_sources", "check_inputs", "load_ruleset", "run_diagnosis", "with_coverage"]
+__all__ = [
+    "BuiltSources",
+    "build_sources",
+    "catalogue_of",
+    "check_inputs",
+    "load_ruleset",
+    "report",
+    "run_diagnosis",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,15 +76,21 @@ class BuiltSources:
 def load_ruleset(settings: Settings) -> RuleSet:
     """The built-in pack (unless disabled) plus the configured rule directories.
 
-    The signal catalogue (shipped plus ``signal_files``) is chosen first, so rules naming
-    signals are checked against it; a bad catalogue file raises :class:`ConfigError`.
+    Rules naming signals are checked against the settings' catalogue (:func:`catalogue_of`).
     """
-    use_signal_files(settings.signal_files)
-    return load_rules(settings.rule_dirs, include_builtin=not settings.disable_builtin_rules)
+    return load_rules(
+        settings.rule_dirs,
+        include_builtin=not settings.disable_builtin_rules,
+        catalogue=catalogue_of(settings),
+    )
 
 
-def build_sources(settings: Settings) -> BuiltSources:
-    """Construct every configured source; a source that cannot be built becomes an error entry."""
+def build_sources(settings: Settings, *, credentials: Credentials | None = None) -> BuiltSources:
+    """Construct every configured source; a source that cannot be built becomes an error entry.
+
+    ``credentials`` are the Kubernetes credentials :func:`check_inputs` loaded, so the kubeconfig
+    is read once; without them they are loaded here.
+    """
     built = BuiltSources(Sources())
     if settings.prometheus.url:
         try:
@@ -78,11 +102,13 @@ def build_sources(settings: Settings) -> BuiltSources:
     if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
         built.sources.elasticsearch = _set_up("elasticsearch", lambda: _elasticsearch(settings), built.errors)
     if settings.kubernetes.enabled:
-        built.sources.kubernetes = _set_up("kubernetes", lambda: _kubernetes(settings), built.errors)
+        built.sources.kubernetes = _set_up(
+            "kubernetes", lambda: _kubernetes(settings, credentials), built.errors
+        )
     return built
 
 
-def with_coverage(
+def report(
     diagnosis: Diagnosis,
     rules: RuleSet,
     outcomes: list[RuleOutcome],
@@ -91,15 +117,13 @@ def with_coverage(
     *,
     present_metrics: set[str] | SourceError | None,
 ) -> Diagnosis:
-    """``diagnosis`` with its coverage, plus a ``no_data`` finding when no rule had any data.
+    """The evaluated ``diagnosis`` as reported: its coverage (built once), a ``no_data`` finding
+    when no rule had any data, the configured silences (applied once, to every finding) and the
+    findings ranked (once, after silencing: a silenced symptom no longer lifts its causes).
 
-    Configured silences apply here, so ``diagnose now`` and the daemon silence alike; what they
-    keep out of ``findings`` is listed in ``coverage.silenced``.
+    ``diagnose now`` and the daemon silence alike; what silences keep out of ``findings`` is
+    listed in ``coverage.silenced``.
     """
-    now = datetime.now(UTC)
-    kept, silenced = apply_silences(diagnosis.findings, settings.silences, now)
-    still_reported = {finding.rule_id for finding in kept}
-    fully_silenced = {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
     failed = {error.source for error in diagnosis.errors}
     configured = [name for name in get_args(SourceName) if sources.get(name) is not None or name in failed]
     coverage = build_coverage(
@@ -108,15 +132,17 @@ def with_coverage(
         settings,
         configured=configured,
         present_metrics=present_metrics,
-        silenced=fully_silenced,
         source_errors=diagnosis.errors,
         probe_finished=sources.probe.finished if sources.probe is not None else None,
     )
+    # Whether no rule had data does not depend on silences: only a rule with findings is silenced.
     empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
-    if empty is not None:
-        more_kept, more_silenced = apply_silences([empty], settings.silences, now)
-        kept += more_kept
-        silenced += more_silenced
+    findings = [*diagnosis.findings, *([empty] if empty is not None else [])]
+    kept, silenced = apply_silences(findings, settings.silences, datetime.now(UTC))
+    still_reported = {finding.rule_id for finding in kept}
+    coverage = mark_silenced(
+        coverage, {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
+    )
     coverage.silenced = silenced
     coverage.summary = summary_line(coverage)
     return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(kept)})
@@ -137,10 +163,10 @@ def _elasticsearch(settings: Settings) -> ElasticsearchSource | None:
     return ElasticsearchSource.from_settings(settings.elasticsearch)
 
 
-def _kubernetes(settings: Settings) -> KubernetesSource:
+def _kubernetes(settings: Settings, credentials: Credentials | None) -> KubernetesSource:
     from diagnoser.sources.kubernetes import KubernetesSource  # the client loads only when used
 
-    return KubernetesSource.from_settings(settings.kubernetes)
+    return KubernetesSource.from_settings(settings.kubernetes, credentials=credentials)
 
 
 async def run_diagnosis(
@@ -150,11 +176,20 @@ async def run_diagnosis(
     at: datetime | None = None,
     probe: ProbeSupplier | None = None,
     sources: BuiltSources | None = None,
+    credentials: Credentials | None = None,
+    deadline: Deadline | None = None,
 ) -> Diagnosis:
-    """Evaluate every rule as of ``at`` (default now) over the configured sources."""
+    """Evaluate every rule as of ``at`` (default now) over the configured sources.
+
+    ``deadline`` is the run's one clock (default: ``settings.deadline_s`` from now); the probe
+    spends it too, and the rules get what is left. ``sources`` are kept open sources (the
+    daemon's), else they are built (with ``credentials`` from :func:`check_inputs`) and closed.
+    """
+    clock = deadline or Deadline.starting_now(settings.deadline_s)
+    catalogue = catalogue_of(settings)
     rules = rules if rules is not None else load_ruleset(settings)
     owned = sources is None
-    built = sources or build_sources(settings)
+    built = sources or build_sources(settings, credentials=credentials)
     try:
         # Kept sources (the daemon's) keep their build errors; this run's probe failure is its own.
         errors = list(built.errors)
@@ -167,24 +202,36 @@ async def run_diagnosis(
             else None
         )
         outcomes: list[RuleOutcome] = []
-        started = time.monotonic()
-        diagnosis = await diagnose(
-            rules, settings, built.sources, at=instant, errors=errors, record=outcomes
+        rules_s = clock.for_rules()
+        rules_end = time.monotonic() + rules_s
+        diagnosis = await evaluate(
+            rules,
+            settings,
+            built.sources,
+            at=instant,
+            errors=errors,
+            record=outcomes,
+            catalogue=catalogue,
+            deadline_s=rules_s,
         )
-        present: set[str] | SourceError | None = None
-        if names is not None:
-            # Rules done early: the names may still come within what is left of the deadline.
-            await asyncio.wait({names}, timeout=max(0.0, settings.deadline_s - (time.monotonic() - started)))
-            if names.done():
-                present = names.result()
-            else:
-                names.cancel()
-        return with_coverage(
-            diagnosis, rules, outcomes, settings, built.sources, present_metrics=present
-        )
+        present = await _present_names(names, rules_end)
+        return report(diagnosis, rules, outcomes, settings, built.sources, present_metrics=present)
     finally:
         if owned:
             await built.aclose()
+
+
+async def _present_names(
+    names: asyncio.Future[set[str] | SourceError] | None, until: float
+) -> set[str] | SourceError | None:
+    """The metric names, if they come before ``until`` (monotonic): rules done early leave time."""
+    if names is None:
+        return None
+    await asyncio.wait({names}, timeout=max(0.0, until - time.monotonic()))
+    if names.done():
+        return names.result()
+    names.cancel()
+    return None
 
 
 async def _probe(probe: ProbeSupplier | None, errors: list[SourceError]) -> ProbeResult | None:
@@ -198,11 +245,16 @@ async def _probe(probe: ProbeSupplier | None, errors: list[SourceError]) -> Prob
         return None
 
 
-def check_inputs(settings: Settings, *, daemon: bool = False) -> None:
-    """Configured paths exist, then the Kubernetes credentials load once: a kubeconfig that does
-    not load is the user's configuration to fix (exit 2), not a source outage to report."""
-    check_paths(settings, daemon=daemon)
-    if settings.kubernetes.enabled:
-        from diagnoser.sources.kubernetes import KubernetesSource
+def check_inputs(settings: Settings, *, daemon: bool = False) -> Credentials | None:
+    """Configured paths exist, then the Kubernetes credentials load: a kubeconfig that does not
+    load is the user's configuration to fix (exit 2), not a source outage to report.
 
-        KubernetesSource.from_settings(settings.kubernetes).close()
+    Returns the credentials (``None`` without Kubernetes), for :func:`build_sources` and leader
+    election to use rather than read the kubeconfig again.
+    """
+    check_paths(settings, daemon=daemon)
+    if not settings.kubernetes.enabled:
+        return None
+    from diagnoser.sources.kubernetes.credentials import load_credentials
+
+    return load_credentials(settings.kubernetes)

@@ -7,20 +7,24 @@ source: the Kubernetes reads themselves, and findings from the other sources by 
 namespace at all (a node, the whole cluster) stays. Findings about the diagnosis itself
 (``source_unavailable``, ``no_data``) are never filtered out, and the report says how many
 findings the filters left out.
+
+The label part, :func:`in_label_scope`, is the one rule for "is this finding about that
+workload": the namespace flag uses it here and the Alertmanager receiver
+(:mod:`diagnoser.daemon.alerts`) with a firing alert's labels.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from diagnoser.errors import ConfigError
 from diagnoser.models import CAUSES, SYMPTOMS, Diagnosis, Finding, Severity
 from diagnoser.ruleset import Rule, RuleSet
 
-__all__ = ["ReportScope"]
+__all__ = ["ReportScope", "in_label_scope"]
 
 #: Built-in findings about the run itself, which no filter may hide.
 _ABOUT_THE_RUN = frozenset({"source_unavailable", "no_data"})
@@ -88,11 +92,7 @@ class ReportScope:
             return False
         if self.causes and finding.cause not in self.causes:
             return False
-        if self.namespaces:
-            seen = {labels["namespace"] for labels in _label_sets(finding) if labels.get("namespace")}
-            if seen and not seen & self.namespaces:
-                return False
-        return True
+        return not self.namespaces or in_label_scope(finding, {"namespace": self.namespaces})
 
     def apply(self, diagnosis: Diagnosis) -> Diagnosis:
         """``diagnosis`` without the findings outside this scope, counting them in its coverage."""
@@ -109,5 +109,21 @@ class ReportScope:
         return diagnosis.model_copy(update={"findings": kept, "coverage": coverage})
 
 
-def _label_sets(finding: Finding) -> list[dict[str, str]]:
-    return [finding.labels, *(row.labels for row in finding.evidence)]
+def in_label_scope(finding: Finding, scope: Mapping[str, Collection[str]]) -> bool:
+    """True when ``finding`` is about something ``scope`` (label: the values it allows) covers, or
+    about nothing narrower than it.
+
+    The finding's own labels and each evidence row's are looked at (a pool finding grouped by job
+    still names its namespace in its evidence): a label set that names scope labels must agree
+    on every one it names, and one such set is enough. A finding none of whose label sets names
+    a scope label (a node, the whole cluster) may explain anything and is in every scope. An
+    empty value names nothing, as in PromQL.
+    """
+    named = False
+    for labels in [finding.labels, *(row.labels for row in finding.evidence)]:
+        shared = [key for key in scope if labels.get(key)]
+        if shared:
+            named = True
+            if all(labels[key] in scope[key] for key in shared):
+                return True
+    return not named

@@ -141,16 +141,19 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
 def rule_queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
     """``(where, PromQL, kind)`` for every query a rule can send; signals under every convention."""
     variables = _variables(rule, settings)
+    catalogue = load_catalogue(tuple(settings.signal_files))
     found: list[tuple[str, str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):
         for index, condition in enumerate(conditions):
             try:
-                resolved = resolve_condition(condition.kind, condition.raw_params, variables)
+                resolved = resolve_condition(
+                    condition.kind, condition.raw_params, variables, catalogue=catalogue
+                )
             except MissingVariable:
                 continue
             kind = condition.kind.name
             where = f"{rule.path}: rule {rule.id}: field {section}[{index}].{kind}.query"
-            for alternative, query in condition.kind.queries_of(resolved, settings):
+            for alternative, query in condition.kind.queries_of(resolved, catalogue):
                 if alternative.startswith("."):  # another field of the condition
                     found.append((where.replace(".query", alternative), query, kind))
                 else:

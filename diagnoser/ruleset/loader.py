@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -25,9 +25,7 @@ from diagnoser.errors import RuleProblem
 from diagnoser.models import CAUSES, SYMPTOMS
 from diagnoser.ruleset.schema import NAME_PATTERN, Condition, Rule, RuleFile, RuleSet, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, variables_for
-
-if TYPE_CHECKING:
-    pass
+from diagnoser.signals import Catalogue, load_catalogue
 
 __all__ = ["builtin_rules_dir", "load_rule_file", "load_rules"]
 
@@ -39,12 +37,16 @@ def builtin_rules_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "rules"
 
 
-def load_rules(dirs: Iterable[Path], *, include_builtin: bool = True) -> RuleSet:
+def load_rules(
+    dirs: Iterable[Path], *, include_builtin: bool = True, catalogue: Catalogue | None = None
+) -> RuleSet:
     """Load every ``*.yaml`` rule below ``dirs`` (after the built-in pack, when included).
 
     A rule in a later directory replaces a rule with the same id from an earlier one, so users
-    can override a shipped rule by writing a file at the same relative path.
+    can override a shipped rule by writing a file at the same relative path. Signal names are
+    checked against ``catalogue`` (default: the shipped one).
     """
+    catalogue = catalogue if catalogue is not None else load_catalogue()
     ruleset = RuleSet()
     roots = [builtin_rules_dir()] if include_builtin else []
     roots.extend(Path(d) for d in dirs)
@@ -57,7 +59,7 @@ def load_rules(dirs: Iterable[Path], *, include_builtin: bool = True) -> RuleSet
         for path in files:
             rule_id = path.relative_to(base).with_suffix("").as_posix()
             try:
-                rule = load_rule_file(path, rule_id)
+                rule = load_rule_file(path, rule_id, catalogue)
             except _RuleFileInvalid as invalid:
                 ruleset.problems.extend(invalid.problems)
                 continue
@@ -84,7 +86,7 @@ class _RuleFileInvalid(Exception):
         self.problems = problems
 
 
-def load_rule_file(path: Path, rule_id: str) -> Rule:
+def load_rule_file(path: Path, rule_id: str, catalogue: Catalogue | None = None) -> Rule:
     """Load and validate one rule file; raises ``_RuleFileInvalid`` with every problem in it."""
     where = str(path)
 
@@ -105,7 +107,7 @@ def load_rule_file(path: Path, rule_id: str) -> Rule:
     for section, raws in (("when", spec.when), ("evidence", spec.evidence)):
         for index, raw in enumerate(raws):
             try:
-                conditions[section].append(_condition(raw, kinds, defaults))
+                conditions[section].append(_condition(raw, kinds, defaults, catalogue))
             except _ConditionInvalid as invalid:
                 problems.append(problem(f"{section}[{index}]{invalid.field}", invalid.message))
     names = [c.name for c in (*conditions["when"], *conditions["evidence"]) if c.name]
@@ -167,7 +169,10 @@ class _ConditionInvalid(Exception):
 
 
 def _condition(
-    raw: Mapping[str, Any], kinds: Mapping[str, CheckKind], defaults: Mapping[str, Any]
+    raw: Mapping[str, Any],
+    kinds: Mapping[str, CheckKind],
+    defaults: Mapping[str, Any],
+    catalogue: Catalogue | None,
 ) -> Condition:
     if not isinstance(raw, Mapping):
         raise _ConditionInvalid("", "a condition must be a mapping like {promql: {...}}")
@@ -181,7 +186,7 @@ def _condition(
         )
     kind, params = _kind_of(keys[0], raw[keys[0]], kinds)
     try:
-        resolve_condition(kind, params, defaults)
+        resolve_condition(kind, params, defaults, catalogue=catalogue)
     except MissingVariable:
         pass  # e.g. ${signals.queue_length}: legitimately unset until configured
     except ValidationError as exc:

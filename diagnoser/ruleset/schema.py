@@ -23,6 +23,7 @@ from diagnoser.ruleset.templating import resolve_placeholders, variables_for
 
 if TYPE_CHECKING:
     from diagnoser.config import Settings
+    from diagnoser.signals import Catalogue
 
 __all__ = ["NAME_PATTERN", "Condition", "Rule", "RuleFile", "RuleSet", "resolve_condition"]
 
@@ -154,9 +155,17 @@ class RuleSet:
 
 
 def resolve_condition(
-    kind: CheckKind, raw_params: Mapping[str, Any], variables: Mapping[str, Any]
+    kind: CheckKind,
+    raw_params: Mapping[str, Any],
+    variables: Mapping[str, Any],
+    *,
+    catalogue: Catalogue | None = None,
 ) -> BaseModel:
-    """Resolve ``${...}`` placeholders and validate against the kind's parameter model."""
-    return kind.params.model_validate(resolve_placeholders(dict(raw_params), variables))
+    """Resolve ``${...}`` placeholders and validate against the kind's parameter model.
+
+    ``catalogue`` is what signal names are checked against (default: the shipped catalogue).
+    """
+    context = {"catalogue": catalogue} if catalogue is not None else None
+    return kind.params.model_validate(resolve_placeholders(dict(raw_params), variables), context=context)
 
 

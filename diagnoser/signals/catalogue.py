@@ -47,10 +47,8 @@ __all__ = [
     "Convention",
     "Form",
     "SignalDef",
-    "active_catalogue",
     "builtin_signals_dir",
     "load_catalogue",
-    "use_signal_files",
 ]
 
 _SIGNAL_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
@@ -275,21 +273,3 @@ def load_catalogue(extra: tuple[Path, ...] = ()) -> Catalogue:
             else:
                 catalogue.conventions[index] = convention
     return catalogue
-
-
-#: Catalogue files from the config (``signal_files``), set before rules load so that a rule's
-#: signal names are checked against the catalogue the user will run with.
-_active_files: tuple[Path, ...] = ()
-
-
-def use_signal_files(paths: Iterable[Path]) -> Catalogue:
-    """Make ``paths`` (after the shipped files) the catalogue rules are checked against."""
-    global _active_files
-    catalogue = load_catalogue(tuple(Path(p) for p in paths))
-    _active_files = tuple(Path(p) for p in paths)
-    return catalogue
-
-
-def active_catalogue() -> Catalogue:
-    """The catalogue chosen by :func:`use_signal_files` (the shipped one by default)."""
-    return load_catalogue(_active_files)

@@ -39,11 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from diagnoser.config import Settings, load_settings
 from diagnoser.engine import diagnose
+from diagnoser.engine.run import catalogue_of, load_ruleset
 from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.promql import duration_seconds
 from diagnoser.ruleset import Rule, RuleSet, load_rules
-from diagnoser.signals.catalogue import use_signal_files
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 from diagnoser.testing.prometheus import LocalPrometheus
@@ -219,11 +219,10 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rules_for(path: Path, spec: RuleTestFile, settings: Settings) -> RuleSet:
-    use_signal_files(settings.signal_files)
     if not spec.rule_files:
-        return load_rules(settings.rule_dirs, include_builtin=not settings.disable_builtin_rules)
+        return load_ruleset(settings)
     files = [(path.parent / name).resolve() for name in spec.rule_files]
-    return load_rules(files, include_builtin=False)
+    return load_rules(files, include_builtin=False, catalogue=catalogue_of(settings))
 
 
 def _group_samples(group: TestGroup, start: float) -> Iterable[tuple[SeriesSpec, float, float]]:

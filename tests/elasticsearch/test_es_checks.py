@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from diagnoser.checks.registry import CheckContext, check_kinds
-from diagnoser.config import ElasticsearchSettings, Settings
+from diagnoser.config import ElasticsearchSettings
 from diagnoser.errors import SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
 from diagnoser.ruleset import load_rules
@@ -40,7 +40,7 @@ def _ctx(source: Any = None, **es_settings: Any) -> CheckContext:
     es = ElasticsearchSettings(**es_settings)
     if source is None:
         source = ElasticsearchSource.from_settings(es)
-    return CheckContext(at=AT, settings=Settings(elasticsearch=es), sources=Sources(elasticsearch=source))
+    return CheckContext(at=AT, sources=Sources(elasticsearch=source))
 
 
 async def _run(

@@ -21,7 +21,7 @@ WEB = scenarios.WEB_NEXT_IMAGE
 
 
 async def run_check(source: KubernetesSource, **params: Any) -> list[Evidence] | SourceError:
-    ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
+    ctx = CheckContext(at=AT, sources=Sources(kubernetes=source))
     kind = check_kinds()["k8s.image_pull_backoff"]
     return await kind.run(kind.params(**params), ctx)
 

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from diagnoser.checks.k8s.cross_zone_dependency import CrossZoneDependencyParams
 from diagnoser.checks.k8s.oom_killed import OomKilledParams
 from diagnoser.checks.registry import CheckContext, check_kinds
-from diagnoser.config import Settings
 from diagnoser.models import Evidence, SourceError
 from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
@@ -125,7 +124,7 @@ CASES: list[tuple[str, dict[str, Any], Callable[[], Cluster], dict[str, str], fl
 
 
 async def run_check(source: KubernetesSource, check: str, **params: Any) -> list[Evidence] | SourceError:
-    ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
+    ctx = CheckContext(at=AT, sources=Sources(kubernetes=source))
     kind = check_kinds()[f"k8s.{check}"]
     return await kind.run(kind.params(**params), ctx)
 

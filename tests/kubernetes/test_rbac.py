@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from diagnoser.checks.registry import CheckContext, check_kinds
-from diagnoser.config import Settings
 from diagnoser.sources import Sources
 from diagnoser.sources.kubernetes.resources import RBAC_VERBS, RESOURCES, ResourceKind
 from tests.deploy.rendering import helm_template, one
@@ -142,7 +141,7 @@ async def test_checks_read_only_declared_resources(serve, source_for) -> None:
     )
     server = serve(cluster)
     source = source_for(server)
-    ctx = CheckContext(at=AT, settings=Settings(), sources=Sources(kubernetes=source))
+    ctx = CheckContext(at=AT, sources=Sources(kubernetes=source))
     # Every registered Kubernetes check, with the parameters that make it read all it can.
     params: dict[str, dict[str, Any]] = {
         "k8s.metrics_server": {"require_confirmation": False},

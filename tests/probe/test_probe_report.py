@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from diagnoser.probe.cli import exit_code_for
+from diagnoser.cli.probe import exit_code_for
 from diagnoser.probe.report import render_report
 from diagnoser.probe.result import Failures, Percentiles, PhaseShares, ProbeResult, ResponseExample
 

@@ -187,7 +187,7 @@ async def test_check_reads_sums_ratios_and_derived_fields(server: DelayServer) -
 
     from diagnoser.checks import CheckContext
 
-    ctx = CheckContext(at=datetime.now(UTC), settings=Settings(), sources=Sources(probe=result))
+    ctx = CheckContext(at=datetime.now(UTC), sources=Sources(probe=result))
     rows = await probe_check(
         ProbeParams(field="failures.empty_json", per="completed", op=">=", threshold=1), ctx
     )

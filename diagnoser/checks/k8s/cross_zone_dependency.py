@@ -21,7 +21,7 @@ from diagnoser.models import Evidence, SourceError
 from diagnoser.sources.kubernetes.objects import labels_match, parse_label_selector
 
 if TYPE_CHECKING:
-    from diagnoser.config import Settings
+    from diagnoser.signals import Catalogue
 
 __all__ = ["CrossZoneDependencyParams", "cross_zone_dependency"]
 
@@ -52,7 +52,7 @@ class CrossZoneDependencyParams(K8sCheckParams):
         return clients
 
 
-def _queries(params: CrossZoneDependencyParams, settings: Settings) -> list[tuple[str, str]]:
+def _queries(params: CrossZoneDependencyParams, catalogue: Catalogue) -> list[tuple[str, str]]:
     if params.latency_seconds is None and params.latency_query:
         return [(".latency_query", params.latency_query)]
     return []

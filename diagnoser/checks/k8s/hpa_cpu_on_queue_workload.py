@@ -20,7 +20,7 @@ from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
 
 if TYPE_CHECKING:
-    from diagnoser.config import Settings
+    from diagnoser.signals import Catalogue
 
 __all__ = ["HpaCpuOnQueueWorkloadParams", "hpa_cpu_on_queue_workload"]
 
@@ -34,7 +34,7 @@ class HpaCpuOnQueueWorkloadParams(K8sCheckParams):
     workloads: list[str] = Field(default_factory=list)
 
 
-def _queries(params: HpaCpuOnQueueWorkloadParams, settings: Settings) -> list[tuple[str, str]]:
+def _queries(params: HpaCpuOnQueueWorkloadParams, catalogue: Catalogue) -> list[tuple[str, str]]:
     return [("", _queue_query(params.queue_metric))] if params.queue_metric else []
 
 

@@ -39,7 +39,7 @@ import urllib3
 from diagnoser.config import KubernetesSettings
 from diagnoser.models import SourceError
 from diagnoser.sources.base import SingleFlight, run_blocking
-from diagnoser.sources.kubernetes.credentials import load_credentials
+from diagnoser.sources.kubernetes.credentials import Credentials, load_credentials
 from diagnoser.sources.kubernetes.resources import RESOURCES, ResourceKind
 
 __all__ = ["KubernetesSource", "ListResult", "ObjectResult"]
@@ -115,9 +115,12 @@ class KubernetesSource:
         self._flight = SingleFlight(ttl_s=cache_ttl_s)
 
     @classmethod
-    def from_settings(cls, settings: KubernetesSettings) -> KubernetesSource:
-        """Load in-cluster or kubeconfig credentials; raise :class:`ConfigError` when they cannot load."""
-        credentials = load_credentials(settings)
+    def from_settings(
+        cls, settings: KubernetesSettings, *, credentials: Credentials | None = None
+    ) -> KubernetesSource:
+        """A source over ``credentials`` (loaded already: the kubeconfig is read once per run),
+        else load in-cluster or kubeconfig credentials; :class:`ConfigError` when they cannot load."""
+        credentials = credentials or load_credentials(settings)
         return cls(
             credentials.api_client(),
             namespaces=settings.namespaces,

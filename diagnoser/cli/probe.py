@@ -1,0 +1,121 @@
+"""``diagnose probe``: run one open-loop probe from the command line and print its report.
+
+::
+
+    diagnose probe http://127.0.0.1:8080/health --rate 50 --duration 30
+    diagnose probe probes/example.yaml --format json > run.json
+    diagnose probe https://api.internal/v1/items --rate 200 --duration 120 --ramp 30
+
+A URL typed here is the user's explicit intent and needs no allowlist entry; a probe file's
+host must be in ``probe.allowed_hosts``. While it runs, a progress line shows the achieved
+rate, the p99 of the last half second and the failures; Ctrl-C stops it cleanly and prints the
+partial report. Exit codes: 0 all answers good, 1 failures or an abort, 2 usage, configuration
+or safety refusal, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from diagnoser.cli.app import (
+    ConfigOption,
+    FormatOption,
+    OutputFormat,
+    app,
+    check_format,
+    fail,
+    load_cli_settings,
+    run_loop,
+    stderr,
+    stdout,
+)
+from diagnoser.errors import DiagnoserError
+from diagnoser.probe.entry import PreparedProbe, build_spec
+from diagnoser.probe.open_loop import INTERRUPTED
+from diagnoser.probe.report import render_report
+from diagnoser.probe.result import ProbeResult
+
+__all__ = ["INTERRUPTED_EXIT", "exit_code_for", "probe_command"]
+
+
+#: Exit code after Ctrl-C, as shells report a process ended by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
+
+
+def exit_code_for(result: ProbeResult) -> int:
+    """0 when every answer was good; 1 on failures or a safety abort; 130 after Ctrl-C."""
+    if result.aborted and result.abort_reason == INTERRUPTED:
+        return INTERRUPTED_EXIT
+    if result.failures.total or result.aborted:
+        return 1
+    return 0
+
+
+async def _run_with_progress(probe: PreparedProbe, console: Console, show_progress: bool) -> ProbeResult:
+    task = asyncio.get_running_loop().create_task(probe())
+    if not show_progress:
+        return await task
+    progress = Progress(
+        TextColumn("[bold]probe[/bold]"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        transient=True,
+    )
+    with progress:
+        bar = progress.add_task("probe", total=probe.spec.duration_s, stats="starting")
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            live = probe.live()
+            p99 = "-" if live.recent_p99_ms is None else f"{live.recent_p99_ms:.1f} ms"
+            progress.update(
+                bar,
+                completed=min(live.elapsed_s, live.planned_s),
+                stats=(
+                    f"{live.achieved_rate:7.1f} req/s  p99 {p99}  errors {live.failures}  "
+                    f"in flight {live.in_flight}  sent {live.sent}"
+                ),
+            )
+    return await task
+
+
+@app.command("probe")
+def probe_command(
+    target: Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")],
+    rate: Annotated[
+        float | None, typer.Option("--rate", "-r", help="Requests per second (default 10 for a URL).")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", "-d", help="Seconds to run (default 10 for a URL).")
+    ] = None,
+    ramp: Annotated[
+        float | None,
+        typer.Option("--ramp", help="Seconds to ramp up from 1 req/s to --rate before holding it."),
+    ] = None,
+    output: FormatOption = OutputFormat.table,
+    config: ConfigOption = None,
+) -> None:
+    """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
+    check_format(output, (OutputFormat.table, OutputFormat.json))
+    settings = load_cli_settings(config)
+    try:
+        spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp)
+        probe = PreparedProbe(spec, settings.probe, explicit_target=explicit)
+        progress = _run_with_progress(probe, stderr, show_progress=stderr.is_terminal)
+        result = run_loop(progress, on_interrupt=probe.stop)
+    except DiagnoserError as exc:  # a bad target, a safety refusal, the resolved address refused
+        raise fail(str(exc)) from exc
+    if output is OutputFormat.json:
+        sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
+    else:
+        stdout.print(render_report(result))
+    raise typer.Exit(exit_code_for(result))
+

@@ -1,0 +1,48 @@
+"""Every command is built from the one kit in ``cli/app.py``: its --config, --format, errors and loop."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import diagnoser.cli
+from tests.conftest import run_cli
+
+CLI = Path(diagnoser.cli.__file__).parent
+COMMANDS = sorted(path for path in CLI.glob("*.py") if path.name not in {"__init__.py", "app.py", "timeparse.py"})
+
+
+def test_every_command_is_a_module_of_the_cli_package() -> None:
+    assert [path.stem for path in COMMANDS] == ["capacity", "now", "probe", "rules", "serve"]
+    assert not (CLI.parent / "probe" / "cli.py").exists()
+
+
+@pytest.mark.parametrize("module", COMMANDS, ids=lambda path: path.stem)
+def test_a_command_declares_no_option_or_loop_of_its_own(module: Path) -> None:
+    source = module.read_text(encoding="utf-8")
+    # The shared ConfigOption and FormatOption, not a declaration per command.
+    assert not re.search(r"typer\.Option\(\s*\"--(config|format)\"", source)
+    assert not re.search(r"class \w*Output\w*\(StrEnum\)", source)  # nor an output enum of its own
+    # One event loop for every command: run_loop, which runs the probe's.
+    assert "asyncio.run(" not in source
+    assert "run_event_loop(" not in source
+
+
+def test_a_format_a_command_does_not_print_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    result = run_cli("probe", "http://127.0.0.1:9/", "--format", "markdown", env={"HOME": str(tmp_path)})
+    assert result.code == 2, result.stdout + result.stderr
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        "error: --format markdown: this command prints table or json"
+    ]
+
+
+@pytest.mark.parametrize("command", [["probe", "http://127.0.0.1:9/"], ["capacity", "http://127.0.0.1:9/",
+                                     "--slo-p99-ms", "50"], ["rules", "list"], ["serve"], ["now"]])  # fmt: skip
+def test_every_command_reports_a_bad_config_file_alike(command: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    result = run_cli(*command, "--config", str(missing), env={"HOME": str(tmp_path)})
+    assert result.code == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {missing}: cannot read config"), result.stderr
