@@ -18,16 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck, finding_key
+from diagnoser.capacity.evidence import evaluate_step
 from diagnoser.capacity.report import CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
 from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
 from diagnoser.config import Settings
-from diagnoser.engine import diagnose
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe import ProbeRun
@@ -193,10 +192,9 @@ class CapacityRun:
         return True
 
     async def _evaluate(self, step: StepMeasurement, sources: BuiltSources, rules: RuleSet) -> Diagnosis:
-        # The window covers the step's own load and nothing before it (whole seconds, at least 2).
-        window_s = max(2, math.floor(step.result.duration_s))
-        settings = self.settings.model_copy(update={"window": f"{window_s}s"})
-        return await diagnose(rules, settings, sources.sources, at=step.ended_at)
+        return await evaluate_step(
+            rules, self.settings, sources.sources, started_at=step.started_at, ended_at=step.ended_at
+        )
 
     def _report(self, steps: list[_Step], sources: BuiltSources | None) -> CapacityReport:
         views: list[CapacityStep] = []
