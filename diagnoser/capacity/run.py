@@ -2,8 +2,9 @@
 
 Steps run one after another, never overlapping: after each, the probe waits for its in-flight
 answers (the service's queue empties), the rule pack is evaluated as of the step's end over a
-window covering just that step (``Settings.window``), and a short pause separates it from the
-next so that no step's window sees the previous step's load. The rule pack is only evaluated
+window covering just that step (``Settings.window``), once Prometheus holds the step's last
+scrape (:mod:`diagnoser.capacity.evidence`), and a short pause separates it from the next so
+that no step's window sees the previous step's load. The rule pack is only evaluated
 when a Prometheus is configured; without one the capacity is still found.
 
 A run stops with a partial report on Ctrl-C (:meth:`CapacityRun.stop`), on the probe's abort
