@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -131,19 +132,23 @@ class CapacityRun:
             await run_step(plan, self.settings.probe, rate, on_start=self._started)
             await self._pause()
 
-    async def _pause(self) -> None:
+    async def _pause(self, quiet_since: float | None = None) -> None:
+        """The quiet time between steps; the part since ``quiet_since`` (monotonic) counts towards it."""
+        left = self.options.pause_s - (time.monotonic() - quiet_since if quiet_since is not None else 0.0)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopped.wait(), self.options.pause_s)
+            await asyncio.wait_for(self._stopped.wait(), max(0.0, left))
 
     async def _steps(self, steps: list[_Step], sources: BuiltSources | None, rules: RuleSet | None) -> None:
         await self._warm_up()
         retried: set[float] = set()
+        quiet_since: float | None = None
         while not self._stopped.is_set() and len(steps) < self.options.max_steps:
             rate = self.search.next_rate()
             if rate is None:
                 return
             if steps:
-                await self._pause()
+                # Waiting for the last step's scrapes was quiet time too.
+                await self._pause(quiet_since)
                 if self._stopped.is_set():
                     return
             # Climbing steps scout (see run_step); a rate run again to confirm it never does.
@@ -157,6 +162,7 @@ class CapacityRun:
                 scout=scout and self.options.fixed_steps is None,
             )
             diagnosis = None
+            quiet_since = time.monotonic()
             if sources is not None and rules is not None and not measurement.interrupted:
                 diagnosis = await self._evaluate(measurement, sources, rules)
             step = _Step(measurement, diagnosis)
