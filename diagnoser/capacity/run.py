@@ -2,8 +2,9 @@
 
 Steps run one after another, never overlapping: after each, the probe waits for its in-flight
 answers (the service's queue empties), the rule pack is evaluated as of the step's end over a
-window covering just that step (``Settings.window``), and a short pause separates it from the
-next so that no step's window sees the previous step's load. The rule pack is only evaluated
+window covering just that step (``Settings.window``), once Prometheus holds the step's last
+scrape (:mod:`diagnoser.capacity.evidence`), and a short pause separates it from the next so
+that no step's window sees the previous step's load. The rule pack is only evaluated
 when a Prometheus is configured; without one the capacity is still found.
 
 A run stops with a partial report on Ctrl-C (:meth:`CapacityRun.stop`), on the probe's abort
@@ -18,16 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck, finding_key
+from diagnoser.capacity.evidence import evaluate_step
 from diagnoser.capacity.report import CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
 from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
 from diagnoser.config import Settings
-from diagnoser.engine import diagnose
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe import ProbeRun
@@ -131,19 +132,23 @@ class CapacityRun:
             await run_step(plan, self.settings.probe, rate, on_start=self._started)
             await self._pause()
 
-    async def _pause(self) -> None:
+    async def _pause(self, quiet_since: float | None = None) -> None:
+        """The quiet time between steps; the part since ``quiet_since`` (monotonic) counts towards it."""
+        left = self.options.pause_s - (time.monotonic() - quiet_since if quiet_since is not None else 0.0)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopped.wait(), self.options.pause_s)
+            await asyncio.wait_for(self._stopped.wait(), max(0.0, left))
 
     async def _steps(self, steps: list[_Step], sources: BuiltSources | None, rules: RuleSet | None) -> None:
         await self._warm_up()
         retried: set[float] = set()
+        quiet_since: float | None = None
         while not self._stopped.is_set() and len(steps) < self.options.max_steps:
             rate = self.search.next_rate()
             if rate is None:
                 return
             if steps:
-                await self._pause()
+                # Waiting for the last step's scrapes was quiet time too.
+                await self._pause(quiet_since)
                 if self._stopped.is_set():
                     return
             # Climbing steps scout (see run_step); a rate run again to confirm it never does.
@@ -157,6 +162,7 @@ class CapacityRun:
                 scout=scout and self.options.fixed_steps is None,
             )
             diagnosis = None
+            quiet_since = time.monotonic()
             if sources is not None and rules is not None and not measurement.interrupted:
                 diagnosis = await self._evaluate(measurement, sources, rules)
             step = _Step(measurement, diagnosis)
@@ -193,10 +199,9 @@ class CapacityRun:
         return True
 
     async def _evaluate(self, step: StepMeasurement, sources: BuiltSources, rules: RuleSet) -> Diagnosis:
-        # The window covers the step's own load and nothing before it (whole seconds, at least 2).
-        window_s = max(2, math.floor(step.result.duration_s))
-        settings = self.settings.model_copy(update={"window": f"{window_s}s"})
-        return await diagnose(rules, settings, sources.sources, at=step.ended_at)
+        return await evaluate_step(
+            rules, self.settings, sources.sources, started_at=step.started_at, ended_at=step.ended_at
+        )
 
     def _report(self, steps: list[_Step], sources: BuiltSources | None) -> CapacityReport:
         views: list[CapacityStep] = []
