@@ -31,9 +31,13 @@ from diagnoser.capacity.step import StepPlan
 from diagnoser.cli.app import (
     ConfigOption,
     FormatOption,
+    GrpcDataOption,
+    GrpcImportPathOption,
+    GrpcProtoOption,
     OutputFormat,
     app,
     fail,
+    grpc_request,
     load_cli_settings,
     run_loop,
     stderr,
@@ -42,6 +46,7 @@ from diagnoser.cli.app import (
 from diagnoser.config import Settings
 from diagnoser.errors import DiagnoserError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
+from diagnoser.probe.entry import GrpcRequest, resolve_target
 
 __all__ = ["capacity_command"]
 
@@ -90,10 +95,17 @@ def _options(settings: Settings, args: dict[str, Any]) -> CapacityOptions:
 
 
 def _plan(
-    target: str, settings: Settings, step_s: float, slo_p99_ms: float, max_error_ratio: float
+    target: str,
+    settings: Settings,
+    step_s: float,
+    slo_p99_ms: float,
+    max_error_ratio: float,
+    grpc: GrpcRequest | None = None,
 ) -> StepPlan:
-    spec, explicit = build_spec(target, rate=1.0, duration_s=step_s)
+    spec, explicit = build_spec(target, rate=1.0, duration_s=step_s, grpc=grpc)
     enforce_safety(spec, settings.probe, explicit_target=explicit)  # allowlist and duration, up front
+    # A gRPC target's message types, once for every step (and a bad method refused before any).
+    spec = resolve_target(spec, settings.probe, explicit_target=explicit)
     return StepPlan(
         spec=spec,
         explicit_target=explicit,
@@ -127,7 +139,9 @@ def _progress_printers(err: Console) -> tuple[Any, Any]:
     return on_progress, on_step
 
 
-Target = Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")]
+Target = Annotated[
+    str, typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml.")
+]
 SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms a step must hold.")]
 ErrorRatio = Annotated[float, typer.Option("--max-error-ratio", help="Error ratio a step may have.")]
 StartRate = Annotated[float | None, typer.Option("--start-rate", help="First step's req/s (default max/10).")]
@@ -181,6 +195,9 @@ def capacity_command(
     output: FormatOption = OutputFormat.table,
     plot: PlotPath = None,
     slack: PostToSlack = False,
+    data: GrpcDataOption = None,
+    proto: GrpcProtoOption = None,
+    import_path: GrpcImportPathOption = None,
 ) -> None:
     """Step open-loop load up to the SLO's knee; name the cause that appears there."""
     err = stderr
@@ -194,7 +211,8 @@ def capacity_command(
             dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
                  pause_s=pause_s, warmup_s=warmup_s, scout=scout, max_steps=max_steps, expect_rps=expect_rps),
         )  # fmt: skip
-        plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio)
+        grpc = grpc_request(data, proto, import_path)
+        plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio, grpc)
         if plot is not None:
             check_plot_path(plot)
         sender = _slack_sender(settings) if slack else None

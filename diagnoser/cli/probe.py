@@ -27,10 +27,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from diagnoser.cli.app import (
     ConfigOption,
     FormatOption,
+    GrpcDataOption,
+    GrpcImportPathOption,
+    GrpcProtoOption,
     OutputFormat,
     app,
     check_format,
     fail,
+    grpc_request,
     load_cli_settings,
     run_loop,
     stderr,
@@ -89,7 +93,10 @@ async def _run_with_progress(probe: PreparedProbe, console: Console, show_progre
 
 @app.command("probe")
 def probe_command(
-    target: Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")],
+    target: Annotated[
+        str,
+        typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml."),
+    ],
     rate: Annotated[
         float | None, typer.Option("--rate", "-r", help="Requests per second (default 10 for a URL).")
     ] = None,
@@ -102,12 +109,16 @@ def probe_command(
     ] = None,
     output: FormatOption = OutputFormat.table,
     config: ConfigOption = None,
+    data: GrpcDataOption = None,
+    proto: GrpcProtoOption = None,
+    import_path: GrpcImportPathOption = None,
 ) -> None:
     """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
     check_format(output, (OutputFormat.table, OutputFormat.json))
     settings = load_cli_settings(config)
     try:
-        spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp)
+        grpc = grpc_request(data, proto, import_path)
+        spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp, grpc=grpc)
         probe = PreparedProbe(spec, settings.probe, explicit_target=explicit)
         progress = _run_with_progress(probe, stderr, show_progress=stderr.is_terminal)
         result = run_loop(progress, on_interrupt=probe.stop)

@@ -34,6 +34,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
@@ -46,7 +47,7 @@ from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
 from diagnoser.probe.timer import PreciseTimer, make_timer
 from diagnoser.probe.validate import check_response, parse_json_path
 
-__all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "probe_transport"]
+__all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "ProbeTransport", "probe_transport"]
 
 USER_AGENT = "diagnoser-probe/0.1"
 #: The reason a run stopped by :meth:`ProbeRun.stop` without one (Ctrl-C).
@@ -75,8 +76,28 @@ class LiveStats:
     in_flight: int
 
 
+class ProbeTransport(Protocol):
+    """What the open loop sends through: HTTP/1.1 (:mod:`diagnoser.probe.http1`) or gRPC."""
+
+    def start(self, request: Any, timings: RequestTimings) -> asyncio.Future[Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
 class ProbeRun:
-    """One run of one probe. Create it, then ``await run()``; ``stop()`` ends it early."""
+    """One run of one probe. Create it, then ``await run()``; ``stop()`` ends it early.
+
+    A spec with a ``grpc://`` target makes a :class:`~diagnoser.probe.grpc_run.GrpcProbeRun`:
+    the same open loop over gRPC channels, with its own answer check. Every caller (a command,
+    a capacity step, a worker) gets it from ``ProbeRun(spec, settings)`` without asking.
+    """
+
+    def __new__(cls, spec: ProbeSpec, *args: Any, **kwargs: Any) -> ProbeRun:
+        if cls is ProbeRun and spec.is_grpc:
+            from diagnoser.probe.grpc_run import GrpcProbeRun
+
+            return super().__new__(GrpcProbeRun)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -111,9 +132,9 @@ class ProbeRun:
         self._abort_reason: str | None = None
         #: In-flight requests and their deadlines; finished ones leave at once (no GC pressure).
         #: Ordered by send time, hence by deadline (one timeout for every request).
-        self._in_flight: dict[asyncio.Future[RawResponse], float] = {}
-        self._timed_out: set[asyncio.Future[RawResponse]] = set()
-        self._transport: Http1Transport | None = None
+        self._in_flight: dict[asyncio.Future[Any], float] = {}
+        self._timed_out: set[asyncio.Future[Any]] = set()
+        self._transport: ProbeTransport | None = None
         self._timer: PreciseTimer | None = None
         self._start = 0.0
         self._end: float | None = None
@@ -158,7 +179,8 @@ class ProbeRun:
 
     # -- the run ------------------------------------------------------------------------------
 
-    async def run(self) -> ProbeResult:
+    async def _open_transport(self) -> ProbeTransport:
+        """The transport this run sends through, set up before the first send."""
         transport = probe_transport(self.spec, self.pool_size)
         if self._explicit_target is not None:
             settings, explicit = self.settings, self._explicit_target
@@ -166,6 +188,10 @@ class ProbeRun:
                 host, address, settings, explicit_target=explicit
             )
         transport.prepare(self.spec.target)
+        return transport
+
+    async def run(self) -> ProbeResult:
+        transport = await self._open_transport()
         self._transport = transport
         requests = [self._build_request(body) for body in self._bodies]
         timer = make_timer(precise=self._precise_timer, spin_s=self.settings.timer_spin_us / 1e6)
@@ -203,11 +229,11 @@ class ProbeRun:
                 gc.enable()
         return self._result()
 
-    def _build_request(self, body: bytes | None) -> httpx.Request:
+    def _build_request(self, body: bytes | None) -> Any:
         headers = {"User-Agent": USER_AGENT, **self.spec.headers}
         return httpx.Request(self.spec.method, self.spec.target, headers=headers, content=body)
 
-    async def _send_all(self, requests: list[httpx.Request], timer: PreciseTimer) -> None:
+    async def _send_all(self, requests: list[Any], timer: PreciseTimer) -> None:
         """Send every request of the schedule on time; returns at the end of the planned duration.
 
         The sending runs in the timer's callback (see :mod:`diagnoser.probe.timer`): each call
@@ -250,7 +276,7 @@ class ProbeRun:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), end - time.monotonic())
 
-    def _dispatch(self, request: httpx.Request, intended: float) -> None:
+    def _dispatch(self, request: Any, intended: float) -> None:
         """Send one request now; its answer is handled by :meth:`_answered` when it completes.
 
         No task per request: on a pooled connection the request is written before this returns,
@@ -269,14 +295,19 @@ class ProbeRun:
         self._in_flight[pending] = intended + self.timeout_s
         pending.add_done_callback(functools.partial(self._answered, intended, started, timings))
 
+    def _settled(self, pending: asyncio.Future[Any]) -> bool | None:
+        """Take a finished request off the books: whether it timed out, ``None`` if it was cut off."""
+        self._in_flight.pop(pending, None)
+        if pending in self._timed_out:
+            self._timed_out.discard(pending)
+            return True
+        return None if pending.cancelled() else False
+
     def _answered(
         self, intended: float, started: float, timings: RequestTimings, pending: asyncio.Future[RawResponse]
     ) -> None:
-        self._in_flight.pop(pending, None)
-        timed_out = pending in self._timed_out
-        if timed_out:
-            self._timed_out.discard(pending)
-        elif pending.cancelled():
+        timed_out = self._settled(pending)
+        if timed_out is None:
             return  # the run ended with it in flight: not an answer
         received: RawResponse | None = None
         failure: str | None = None
@@ -372,7 +403,7 @@ class ProbeRun:
         intended: float,
         started: float,
         done_at: float,
-        status: int | None,
+        status: int | str | None,
         failure: str | None,
         timed_out: bool,
     ) -> None:

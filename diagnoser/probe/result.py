@@ -129,7 +129,8 @@ class ResponseExample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str
-    status: int | None = None
+    #: The HTTP status, or the gRPC status name (``OK``, ``UNAVAILABLE``).
+    status: int | str | None = None
     body: str | None = None
     content_length: int | None = None
     received_bytes: int | None = None
@@ -190,6 +191,10 @@ def merge_histograms(encoded: Iterable[str]) -> HdrHistogram:
 _NONE = math.nan
 
 
+def _as_text(item: tuple[int | str, int]) -> str:
+    return str(item[0])
+
+
 class ProbeRecorder:
     """Accumulates one run's measurements.
 
@@ -205,7 +210,8 @@ class ProbeRecorder:
     MAX_EXAMPLE_BODY = 512
 
     def __init__(self) -> None:
-        self.status_counts: dict[int, int] = {}
+        #: HTTP status codes, or gRPC status names: one run has one kind.
+        self.status_counts: dict[int | str, int] = {}
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)
         self.examples: list[ResponseExample] = []
         self._examples_per_kind: dict[str, int] = {}
@@ -229,7 +235,7 @@ class ProbeRecorder:
         tls_s: float | None,
         ttfb_s: float | None,
         body_s: float | None,
-        status: int | None,
+        status: int | str | None,
         failure: str | None,
     ) -> None:
         """Record one finished request; ``latency_s`` is ``None`` when no response and no timeout."""
@@ -342,7 +348,8 @@ class ProbeRecorder:
             service_time_ms=percentiles_of(self.histogram("service")),
             schedule_lag_ms=lag,
             phases_ms=Phases(**{name: percentiles_of(self.histogram(name)) for name in _PHASES}),
-            status_counts={str(k): v for k, v in sorted(self.status_counts.items())},
+            # Three-digit HTTP codes sort as text as they do as numbers.
+            status_counts={str(k): v for k, v in sorted(self.status_counts.items(), key=_as_text)},
             failures=Failures(**self.failures),
             examples=list(self.examples),
             histogram=latency_histogram.encode().decode() if latency.count else "",
