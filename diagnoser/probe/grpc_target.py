@@ -16,6 +16,7 @@ carries everything a call needs.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["GRPC_SCHEMES", "GrpcOptions", "GrpcTarget", "is_grpc_url", "parse_grpc_target"]
 
 GRPC_SCHEMES = ("grpc", "grpcs")
+
+# gRPC's core logs a failed TLS handshake or connect at INFO to stderr, outside Python's logging,
+# which would put lines of its own beside the probe's one-line errors. Set before grpcio loads
+# (it is imported only by the gRPC modules, after this one); GRPC_VERBOSITY set by the user wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 #: ``package.Service/Method``: a fully qualified service (package optional) and a method name.
 _METHOD_PATH = re.compile(r"^/(?P<service>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)/(?P<method>[A-Za-z_]\w*)$")
 
