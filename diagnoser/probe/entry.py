@@ -219,7 +219,14 @@ def resolve_target(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target:
 
 
 async def run_probe(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeResult:
-    """Check the safety rules (``ProbeSafetyError`` before any request), then run the probe."""
+    """Check the safety rules (``ProbeSafetyError`` before any request), then run the probe.
+
+    A gRPC spec's message types are resolved in a thread first (compiling a proto or asking the
+    server's reflection blocks), so a daemon's event loop keeps turning meanwhile.
+    """
+    if spec.is_grpc:
+        enforce_safety(spec, settings, explicit_target=explicit_target)
+        spec = await asyncio.to_thread(resolve_target, spec, settings, explicit_target=explicit_target)
     return await PreparedProbe(spec, settings, explicit_target=explicit_target)()
 
 

@@ -32,6 +32,7 @@ from diagnoser.probe.grpc_target import GrpcTarget
 from diagnoser.probe.http1_connection import RequestTimings
 from diagnoser.probe.open_loop import ProbeRun, ProbeTransport
 from diagnoser.probe.result import Percentiles, ProbeResult, ResponseExample
+from diagnoser.probe.spec import effective_caps
 from diagnoser.probe.validate import check_message
 
 __all__ = ["GrpcAnswer", "GrpcProbeRun", "GrpcTransport"]
@@ -123,7 +124,8 @@ class GrpcProbeRun(ProbeRun):
         self.call_deadline_s = self.timeout_s
         self.timeout_s = self.timeout_s + _SWEEP_GRACE_S
         assert self.spec.grpc is not None
-        self.pool_size = self.spec.grpc.channels
+        # The config's connection cap holds for channels too (each is one connection).
+        self.pool_size = min(self.spec.grpc.channels, effective_caps(self.settings)[3])
 
     async def _open_transport(self) -> ProbeTransport:
         target: GrpcTarget = self.schema.target

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import importlib.resources
+import re
 import socket
 import subprocess
 import sys
@@ -178,7 +179,10 @@ class GrpcSchema:
     @classmethod
     def of(cls, spec: ProbeSpec) -> GrpcSchema:
         if spec.grpc is None or spec.grpc.descriptor_set is None:
-            raise ConfigError(f"probe {spec.name}: the gRPC message types are not resolved yet")
+            raise ConfigError(
+                f"probe {spec.name}: the gRPC message types are not resolved yet"
+                " (diagnoser.probe.entry.resolve_target resolves them)"
+            )
         target = parse_grpc_target(spec.target)
         pool = _pool_from(base64.b64decode(spec.grpc.descriptor_set))
         method = _find_method(pool, target)
@@ -300,4 +304,20 @@ def resolve_grpc_spec(spec: ProbeSpec, settings: ProbeSettings, *, explicit_targ
     schema = GrpcSchema.of(spec)
     for body in spec.request_bodies():
         schema.encode_request(body)
+    check_metadata(spec.headers)
     return spec
+
+
+#: What gRPC accepts as a metadata key (lower case once sent; HTTP/2 header names).
+_METADATA_KEY = re.compile(r"^[0-9A-Za-z_.-]+$")
+
+
+def check_metadata(headers: dict[str, str]) -> None:
+    """``ConfigError`` for metadata gRPC would refuse at every call: refused once, up front."""
+    for key, value in headers.items():
+        if not _METADATA_KEY.match(key) or key.lower().startswith("grpc-"):
+            raise ConfigError(f"headers: {key!r} is not a metadata key gRPC allows (a-z, 0-9, '-', '_', '.')")
+        if key.lower().endswith("-bin"):
+            raise ConfigError(f"headers: {key!r} is binary metadata, which a probe file cannot carry")
+        if not value.isascii() or not value.isprintable():
+            raise ConfigError(f"headers: the value of {key!r} must be printable ASCII")

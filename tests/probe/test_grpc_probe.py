@@ -189,3 +189,32 @@ def test_now_refuses_grpc_flags_without_a_probe() -> None:
     result = run_cli("now", "--data", "{}")
     assert result.code == 2
     assert "--data, --proto and --import-path go with --probe" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["now", "--probe", "URL", "--data", '{"user_id": 1.5}'],
+        ["capacity", "URL", "--data", '{"user_id": 1.5}', "--slo-p99-ms", "50"],
+    ],
+    ids=["now", "capacity"],
+)
+def test_now_and_capacity_refuse_bad_input_before_any_call(grpc_server: GrpcServer, command: list[str]) -> None:
+    result = run_cli(*[grpc_server.url() if part == "URL" else part for part in command])
+    assert result.code == 2
+    assert "--data does not fit features.v1.GetFeaturesRequest" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert grpc_server.stats().count == 0
+
+
+def test_metadata_grpc_would_refuse_is_refused_up_front(grpc_server: GrpcServer, tmp_path: Path) -> None:
+    probe_file = tmp_path / "features.yaml"
+    probe_file.write_text(
+        f"target: {grpc_server.url()}\nheaders: {{'bad key': x}}\nschedule: {{rate: 5, duration_s: 0.5}}\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text("probe: {allowed_hosts: ['127.0.0.1']}\n")
+    result = run_cli("probe", str(probe_file), "-c", str(config))
+    assert result.code == 2
+    assert "'bad key' is not a metadata key gRPC allows" in result.stderr
+    assert grpc_server.stats().count == 0

@@ -149,3 +149,13 @@ def test_relative_proto_paths_of_a_probe_file_are_read_beside_it(tmp_path: Path)
     assert spec.grpc is not None
     assert spec.grpc.proto == tmp_path / "protos" / "x.proto"
     assert spec.grpc.import_paths == [tmp_path / "protos", Path("/abs")]
+
+
+async def test_run_probe_resolves_a_grpc_spec_itself(grpc_server: GrpcServer) -> None:
+    """The daemon's way in: an unresolved spec, reflection asked off the event loop, then the run."""
+    from diagnoser.probe import run_probe
+
+    spec = spec_from_url(grpc_server.url(), rate=20, duration_s=0.5).model_copy(update={"body": '{"user_id": "u1"}'})
+    result = await run_probe(spec, SETTINGS, explicit_target=True)
+    assert result.status_counts == {"OK": 10}
+    assert result.failures.total == 0
