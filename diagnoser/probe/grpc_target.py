@@ -20,11 +20,20 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["GRPC_SCHEMES", "GrpcOptions", "GrpcTarget", "is_grpc_url", "parse_grpc_target"]
+__all__ = [
+    "GRPC_SCHEMES",
+    "GrpcOptions",
+    "GrpcTarget",
+    "grpc_options_for",
+    "grpc_paths_beside",
+    "is_grpc_url",
+    "parse_grpc_target",
+]
 
 GRPC_SCHEMES = ("grpc", "grpcs")
 
@@ -101,3 +110,30 @@ class GrpcOptions(BaseModel):
     #: The resolved message types (base64 ``FileDescriptorSet``); filled in when the probe is
     #: prepared, so that it is compiled or reflected once per run, not once per process.
     descriptor_set: str | None = None
+
+
+def grpc_options_for(target: str, options: GrpcOptions | None) -> GrpcOptions | None:
+    """A spec's gRPC options: the defaults for a gRPC target without any, ``None`` for HTTP.
+
+    Raises ``ValueError`` for a gRPC target that does not parse, and for options on an HTTP one.
+    """
+    if urlsplit(target).scheme not in GRPC_SCHEMES:
+        if options is not None:
+            raise ValueError("grpc options apply to grpc:// and grpcs:// targets only")
+        return None
+    parse_grpc_target(target)
+    return options if options is not None else GrpcOptions()
+
+
+def grpc_paths_beside(options: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """A probe file's ``grpc.proto`` and ``grpc.import_paths``, relative ones read beside the file."""
+
+    def beside(value: Any) -> Any:
+        return str(directory / value) if isinstance(value, str) and not Path(value).is_absolute() else value
+
+    options = dict(options)
+    if "proto" in options:
+        options["proto"] = beside(options["proto"])
+    if isinstance(options.get("import_paths"), list):
+        options["import_paths"] = [beside(v) for v in options["import_paths"]]
+    return options

@@ -29,22 +29,21 @@ import contextlib
 import functools
 import gc
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
 from diagnoser.config import ProbeSettings
-from diagnoser.probe.http1 import Http1Transport
 from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
 from diagnoser.probe.timer import PreciseTimer, make_timer
+from diagnoser.probe.transport import ProbeTransport, describe_error, probe_transport
 from diagnoser.probe.validate import check_response, parse_json_path
 
 __all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "ProbeTransport", "probe_transport"]
@@ -76,27 +75,17 @@ class LiveStats:
     in_flight: int
 
 
-class ProbeTransport(Protocol):
-    """What the open loop sends through: HTTP/1.1 (:mod:`diagnoser.probe.http1`) or gRPC."""
-
-    def start(self, request: Any, timings: RequestTimings) -> asyncio.Future[Any]: ...
-
-    async def aclose(self) -> None: ...
-
-
 class ProbeRun:
     """One run of one probe. Create it, then ``await run()``; ``stop()`` ends it early.
 
-    A spec with a ``grpc://`` target makes a :class:`~diagnoser.probe.grpc_run.GrpcProbeRun`:
-    the same open loop over gRPC channels, with its own answer check. Every caller (a command,
-    a capacity step, a worker) gets it from ``ProbeRun(spec, settings)`` without asking.
-    """
+    A ``grpc://`` spec makes a :class:`~diagnoser.probe.grpc_run.GrpcProbeRun` (see ``__new__``)."""
 
     def __new__(cls, spec: ProbeSpec, *args: Any, **kwargs: Any) -> ProbeRun:
+        # Every caller (a command, a capacity step, a worker) gets the right run for its spec.
         if cls is ProbeRun and spec.is_grpc:
-            from diagnoser.probe.grpc_run import GrpcProbeRun
+            from diagnoser.probe.grpc_run import GrpcProbeRun  # grpcio is loaded for gRPC only
 
-            return super().__new__(GrpcProbeRun)
+            cls = GrpcProbeRun
         return super().__new__(cls)
 
     def __init__(
@@ -180,7 +169,6 @@ class ProbeRun:
     # -- the run ------------------------------------------------------------------------------
 
     async def _open_transport(self) -> ProbeTransport:
-        """The transport this run sends through, set up before the first send."""
         transport = probe_transport(self.spec, self.pool_size)
         if self._explicit_target is not None:
             settings, explicit = self.settings, self._explicit_target
@@ -325,7 +313,7 @@ class ProbeRun:
             error = str(exc)
         else:
             failure = "connect_error" if isinstance(exc, httpx.ConnectError) else "read_error"
-            error = _describe_error(exc)
+            error = describe_error(exc)
         # The last byte as the connection saw it, not when this callback got its turn.
         done_at = timings.done or time.monotonic()
         if received is not None and failure is None:
@@ -460,20 +448,3 @@ def _first(value: float | None, default: float) -> float:
 def _mean_rate(spec: ProbeSpec) -> float:
     segments = spec.schedule.segments()
     return sum(s.expected_requests for s in segments) / sum(s.duration_s for s in segments)
-
-
-def _describe_error(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc
-    text = str(cause) or type(cause).__name__
-    errno = getattr(cause, "errno", None)
-    if isinstance(errno, int) and errno > 0:
-        # "Connect call failed" says nothing; the errno says refused, unreachable, reset...
-        text = f"{text} ({os.strerror(errno)})"
-    return f"{type(cause).__name__}: {text}"[:300]
-
-
-def probe_transport(spec: ProbeSpec, pool_size: int) -> Http1Transport:
-    """The probe's transport: ``pool_size`` keep-alive connections, bodies read up to the cap."""
-    return Http1Transport(
-        max_connections=pool_size, body_limit=spec.expect.max_body_bytes, verify_tls=spec.verify_tls
-    )

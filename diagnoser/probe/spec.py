@@ -39,7 +39,7 @@ from diagnoser.config import (
     ProbeSettings,
 )
 from diagnoser.errors import ConfigError, ProbeSafetyError
-from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, parse_grpc_target
+from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, grpc_options_for, grpc_paths_beside
 
 __all__ = [
     "ConstantSchedule",
@@ -171,8 +171,7 @@ class ProbeSpec(_Strict):
     abort_window_s: float | None = Field(default=None, gt=0)
     #: Seed for Poisson arrivals, so a run can be repeated exactly.
     seed: int | None = None
-    #: For a ``grpc://`` or ``grpcs://`` target: where its message types come from, its channels
-    #: (:mod:`diagnoser.probe.grpc_target`); the body is then the request message as JSON.
+    #: A ``grpc(s)://`` target's message types and channels; the body is the request as JSON.
     grpc: GrpcOptions | None = None
 
     @model_validator(mode="before")
@@ -191,10 +190,7 @@ class ProbeSpec(_Strict):
     @classmethod
     def _http_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme in GRPC_SCHEMES:
-            parse_grpc_target(value)  # raises ValueError naming what is wrong
-            return value
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in ("http", "https", *GRPC_SCHEMES) or not parts.hostname:
             raise ValueError(
                 f"target must be an http:// or https:// URL with a host (or grpc://, grpcs://), got {value!r}"
             )
@@ -202,10 +198,7 @@ class ProbeSpec(_Strict):
 
     @model_validator(mode="after")
     def _grpc_options_for_grpc_targets(self) -> ProbeSpec:
-        if self.is_grpc and self.grpc is None:
-            self.grpc = GrpcOptions()
-        elif not self.is_grpc and self.grpc is not None:
-            raise ValueError("grpc options apply to grpc:// and grpcs:// targets only")
+        self.grpc = grpc_options_for(self.target, self.grpc)
         return self
 
     @property
@@ -274,25 +267,11 @@ def load_probe_file(path: Path) -> ProbeSpec:
     if isinstance(data.get("body_file"), str) and not Path(data["body_file"]).is_absolute():
         data["body_file"] = str(path.parent / data["body_file"])
     if isinstance(data.get("grpc"), dict):
-        data["grpc"] = _grpc_paths_beside(data["grpc"], path.parent)
+        data["grpc"] = grpc_paths_beside(data["grpc"], path.parent)
     try:
         return ProbeSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path}: invalid probe: {_describe(exc)}") from exc
-
-
-def _grpc_paths_beside(options: dict[str, Any], directory: Path) -> dict[str, Any]:
-    """A probe file's ``grpc.proto`` and ``grpc.import_paths``, relative ones read beside the file."""
-
-    def beside(value: Any) -> Any:
-        return str(directory / value) if isinstance(value, str) and not Path(value).is_absolute() else value
-
-    options = dict(options)
-    if "proto" in options:
-        options["proto"] = beside(options["proto"])
-    if isinstance(options.get("import_paths"), list):
-        options["import_paths"] = [beside(v) for v in options["import_paths"]]
-    return options
 
 
 def spec_from_url(

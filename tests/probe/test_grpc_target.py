@@ -36,7 +36,7 @@ def test_a_target_names_host_port_service_and_method() -> None:
         ("grpc://127.0.0.1:1/features.v1.Features", "path is /package.Service/Method"),
         ("grpc://127.0.0.1:1/a/b/c", "path is /package.Service/Method"),
         ("grpc://127.0.0.1:1/a.B/C?x=1", "no query"),
-        ("grpc:///a.B/C", "grpc://host:port"),
+        ("grpc:///a.B/C", "with a host"),
     ],
 )
 def test_a_bad_target_is_refused_saying_why(url: str, fragment: str) -> None:
