@@ -9,7 +9,8 @@ For each rate it prints
 the achieved rate, the probe's p50 and p99 (from the intended send time) beside the server's own
 service time (handler entry to answer), the schedule lag p99, the client's CPU per call (every
 thread of the process: grpc's own poller and the event loop) and the rate one core would carry
-at that cost. The sweep stops when the probe cannot keep its schedule.
+at that cost. The sweep stops when the probe cannot keep the rate twice in a row; a lag p99 over
+2 ms is flagged (the probe's own warning).
 
 ghz (the usual gRPC load tool) is compared when it is on the PATH. It is a Go program: there is
 no Debian package of it, and the Go module proxy it is installed from is not reachable from these
@@ -129,9 +130,15 @@ def child_bare(url: str, rate: float, duration: float) -> None:
         timer = make_timer()
         in_flight: set[asyncio.Task[None]] = set()
 
+        failed = 0
+
         async def one(intended: float) -> None:
+            nonlocal failed
             lag.append(time.monotonic() - intended)
-            await call(request, timeout=5)
+            try:
+                await call(request, timeout=5)
+            except grpc.aio.AioRpcError:
+                failed += 1
             latency.append(time.monotonic() - intended)
 
         async def wait_until(deadline: float) -> None:
@@ -159,7 +166,7 @@ def child_bare(url: str, rate: float, duration: float) -> None:
             return values[min(len(values) - 1, int(share * len(values)))] * 1000
 
         return {"result": {
-            "achieved_rate": count / duration, "sent": count, "status_counts": {"OK": len(latency)},
+            "achieved_rate": count / duration, "sent": count, "status_counts": {"OK": count - failed},
             "latency_ms": {"p50": at(latency, 0.5), "p99": at(latency, 0.99)},
             "schedule_lag_ms": {"p99": at(lag, 0.99)},
         }, "cpu_s": cpu}  # fmt: skip
@@ -201,7 +208,11 @@ def sweep(
     server: Server, rates: list[float], duration: float, repeat: int, cpu: int, throughs: list[str]
 ) -> None:
     print(
-        f"\n{'client':<22} {'rate':>6} {'achieved':>8} {'p50':>7} {'p99':>7} {'server p50/p99':>15}"
+        "\nserver p50/p99: the handler's own time; past about 1,500 calls/s on one core the test server's"
+        " own gRPC stack queues the calls before the handler (p50 far over it while the rate holds)"
+    )
+    print(
+        f"{'client':<22} {'rate':>6} {'achieved':>8} {'p50':>7} {'p99':>7} {'server p50/p99':>15}"
         f" {'p50-own':>8} {'lag p99':>8} {'cpu/call':>9} {'calls/s/core':>12}"
     )
     for through in throughs:
@@ -210,13 +221,15 @@ def sweep(
             rows = [run_probe(cpu, server, rate, duration, through) for _ in range(repeat)]
             m = {k: _median(rows, k) for k in _COLUMNS}
             flag = "" if all(r["ok"] for r in rows) else "  (not every call OK)"
+            flag += "  (lag p99 over 2 ms)" if m["lag99"] > LAG_LIMIT_MS else ""
             name = "bare grpc.aio loop" if through == "bare" else f"probe, {through}"
             print(
                 f"{name:<22} {rate:>6.0f} {m['rate']:>8.1f} {m['p50']:>7.2f} {m['p99']:>7.2f}"
                 f" {m['own50']:>7.2f}/{m['own99']:<7.2f} {m['p50'] - m['own50']:>+8.2f} {m['lag99']:>8.2f}"
                 f" {m['cpu_us']:>7.0f}us {m['per_core']:>12.0f}{flag}"
             )
-            saturated = saturated + 1 if m["lag99"] > LAG_LIMIT_MS or m["rate"] < 0.97 * rate else 0
+            # The rate not held is saturation; a lag p99 over the limit alone is a busy host here.
+            saturated = saturated + 1 if m["rate"] < 0.97 * rate else 0
             if saturated >= 2:
                 break
     ghz = shutil.which("ghz")
