@@ -166,7 +166,14 @@ class GrpcProbeRun(ProbeRun):
             answer: GrpcAnswer = pending.result()
             status, failure, body, error = self._judge(answer)
         done_at = timings.done or time.monotonic()
-        self._record(timings, intended, started, done_at, status, failure, timed_out)
+        if status == "DEADLINE_EXCEEDED":
+            # The client's own deadline: counted under its status, but, like an HTTP timeout, not
+            # as an answer (a capacity step's served rate counts answers).
+            self._record(timings, intended, started, done_at, None, failure, True)
+            counts = self.recorder.status_counts
+            counts[status] = counts.get(status, 0) + 1
+        else:
+            self._record(timings, intended, started, done_at, status, failure, timed_out)
         if failure is not None and self.recorder.wants_example(failure):
             self.recorder.sample(ResponseExample(kind=failure, status=status, body=body, error=error))
 

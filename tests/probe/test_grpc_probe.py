@@ -77,6 +77,9 @@ def test_the_deadline_ends_a_slow_call_as_deadline_exceeded(grpc_server: GrpcSer
     assert code == 1
     assert data["status_counts"] == {"DEADLINE_EXCEEDED": 10}
     assert data["failures"]["timeout"] == 10  # type: ignore[index]
+    # No answer came: like HTTP timeouts they finished, with a latency, but did not complete.
+    assert (data["finished"], data["completed"]) == (10, 0)
+    assert data["latency_ms"]["count"] == 10  # type: ignore[index]
 
 
 def test_a_server_that_is_not_there_is_a_connect_error(tmp_path: Path) -> None:
