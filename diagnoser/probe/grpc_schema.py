@@ -51,13 +51,18 @@ def compile_proto(proto: Path, import_paths: list[Path]) -> bytes:
     """``proto`` and its imports compiled to a serialized ``FileDescriptorSet``."""
     if not proto.is_file():
         raise ConfigError(f"--proto {proto}: no such file")
-    well_known = importlib.resources.files("grpc_tools") / "_proto"
-    includes = [proto.resolve().parent, *(p.resolve() for p in import_paths), Path(str(well_known))]
+    well_known = Path(str(importlib.resources.files("grpc_tools") / "_proto"))
+    source, paths = proto.resolve(), [p.resolve() for p in import_paths]
+    # The file is named by the first include path that holds it, so the user's paths come first
+    # (a file under one of them keeps its package-relative name for its imports); its own
+    # directory is added only when none of them holds it.
+    holds_it = any(source.is_relative_to(p) for p in paths)
+    includes = [*paths, *([] if holds_it else [source.parent]), well_known]
     with tempfile.TemporaryDirectory(prefix="diagnoser-proto-") as directory:
         out = Path(directory) / "descriptors.pb"
         command = [
             sys.executable, "-m", "grpc_tools.protoc", *(f"-I{p}" for p in includes),
-            "--include_imports", f"--descriptor_set_out={out}", str(proto.resolve()),
+            "--include_imports", f"--descriptor_set_out={out}", str(source),
         ]  # fmt: skip
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=_PROTOC_TIMEOUT_S)

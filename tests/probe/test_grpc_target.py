@@ -159,3 +159,23 @@ async def test_run_probe_resolves_a_grpc_spec_itself(grpc_server: GrpcServer) ->
     result = await run_probe(spec, SETTINGS, explicit_target=True)
     assert result.status_counts == {"OK": 10}
     assert result.failures.total == 0
+
+
+def test_a_proto_with_package_relative_imports_compiles_with_its_import_path(tmp_path: Path) -> None:
+    from diagnoser.probe.grpc_schema import compile_proto
+
+    package = tmp_path / "protos" / "shop" / "v1"
+    package.mkdir(parents=True)
+    (package / "common.proto").write_text('syntax = "proto3";\npackage shop.v1;\nmessage Money { int64 cents = 1; }\n')
+    (package / "prices.proto").write_text(
+        'syntax = "proto3";\npackage shop.v1;\nimport "shop/v1/common.proto";\nimport "google/protobuf/empty.proto";\n'
+        "message Price { Money amount = 1; }\n"
+        "service Prices { rpc Get(google.protobuf.Empty) returns (Price); }\n"
+    )
+    from google.protobuf import descriptor_pb2
+
+    compiled = compile_proto(package / "prices.proto", [tmp_path / "protos"])
+    names = {f.name for f in descriptor_pb2.FileDescriptorSet.FromString(compiled).file}
+    assert names == {"shop/v1/prices.proto", "shop/v1/common.proto", "google/protobuf/empty.proto"}
+    with pytest.raises(ConfigError, match="does not compile"):
+        compile_proto(package / "prices.proto", [])  # its import is not found from its own directory
