@@ -39,6 +39,7 @@ __all__ = [
     "FormatOption",
     "GrpcDataOption",
     "GrpcImportPathOption",
+    "GrpcMetadataOption",
     "GrpcProtoOption",
     "OutputFormat",
     "PrometheusOption",
@@ -132,10 +133,26 @@ GrpcImportPathOption = Annotated[
     typer.Option("--import-path", "-I", help="Where --proto's imports are found (repeatable)."),
 ]
 
+GrpcMetadataOption = Annotated[
+    list[str] | None,
+    typer.Option("--metadata", "-H", help="gRPC metadata 'key: value' sent with every call (repeatable)."),
+]
 
-def grpc_request(data: str | None, proto: Path | None, import_paths: list[Path] | None) -> GrpcRequest:
+
+def grpc_request(
+    data: str | None,
+    proto: Path | None,
+    import_paths: list[Path] | None,
+    metadata: list[str] | None = None,
+) -> GrpcRequest:
     """The gRPC flags every probing command shares, as :func:`~diagnoser.probe.build_spec` takes them."""
-    return GrpcRequest(data=data, proto=proto, import_paths=list(import_paths or []))
+    pairs: dict[str, str] = {}
+    for item in metadata or []:
+        key, colon, value = item.partition(":")
+        if not colon or not key.strip():
+            raise fail(f"--metadata {item!r}: give it as 'key: value'")
+        pairs[key.strip().lower()] = value.strip()
+    return GrpcRequest(data=data, proto=proto, import_paths=list(import_paths or []), metadata=pairs)
 
 
 PrometheusOption = Annotated[

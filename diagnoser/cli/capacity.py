@@ -33,6 +33,7 @@ from diagnoser.cli.app import (
     FormatOption,
     GrpcDataOption,
     GrpcImportPathOption,
+    GrpcMetadataOption,
     GrpcProtoOption,
     OutputFormat,
     app,
@@ -198,6 +199,7 @@ def capacity_command(
     data: GrpcDataOption = None,
     proto: GrpcProtoOption = None,
     import_path: GrpcImportPathOption = None,
+    metadata: GrpcMetadataOption = None,
 ) -> None:
     """Step open-loop load up to the SLO's knee; name the cause that appears there."""
     err = stderr
@@ -211,7 +213,7 @@ def capacity_command(
             dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
                  pause_s=pause_s, warmup_s=warmup_s, scout=scout, max_steps=max_steps, expect_rps=expect_rps),
         )  # fmt: skip
-        grpc = grpc_request(data, proto, import_path)
+        grpc = grpc_request(data, proto, import_path, metadata)
         plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio, grpc)
         if plot is not None:
             check_plot_path(plot)

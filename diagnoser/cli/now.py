@@ -18,6 +18,7 @@ from diagnoser.cli.app import (
     FormatOption,
     GrpcDataOption,
     GrpcImportPathOption,
+    GrpcMetadataOption,
     GrpcProtoOption,
     OutputFormat,
     PrometheusOption,
@@ -166,6 +167,7 @@ def now(
     data: GrpcDataOption = None,
     proto: GrpcProtoOption = None,
     import_path: GrpcImportPathOption = None,
+    metadata: GrpcMetadataOption = None,
     verbose: Verbose = 0,
 ) -> None:
     """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
@@ -192,9 +194,9 @@ def now(
     except ValueError as exc:
         raise fail(f"--at: {exc}") from exc
     scope, ruleset = _selected_rules(settings, rules_dir, severity, cause or [], rule or [], namespace or [])
-    grpc = grpc_request(data, proto, import_path)
+    grpc = grpc_request(data, proto, import_path, metadata)
     if grpc.given and not probe:
-        raise fail("--data, --proto and --import-path go with --probe grpc://...")
+        raise fail("--data, --proto, --import-path and --metadata go with --probe grpc://...")
     prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings, grpc) if probe else None
     if not [name for name in configured_sources(settings) if name != "probe"] and prepared_probe is None:
         raise fail(

@@ -29,6 +29,7 @@ from diagnoser.cli.app import (
     FormatOption,
     GrpcDataOption,
     GrpcImportPathOption,
+    GrpcMetadataOption,
     GrpcProtoOption,
     OutputFormat,
     app,
@@ -112,12 +113,13 @@ def probe_command(
     data: GrpcDataOption = None,
     proto: GrpcProtoOption = None,
     import_path: GrpcImportPathOption = None,
+    metadata: GrpcMetadataOption = None,
 ) -> None:
     """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
     check_format(output, (OutputFormat.table, OutputFormat.json))
     settings = load_cli_settings(config)
     try:
-        grpc = grpc_request(data, proto, import_path)
+        grpc = grpc_request(data, proto, import_path, metadata)
         spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp, grpc=grpc)
         probe = PreparedProbe(spec, settings.probe, explicit_target=explicit)
         progress = _run_with_progress(probe, stderr, show_progress=stderr.is_terminal)

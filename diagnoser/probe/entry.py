@@ -64,26 +64,28 @@ def is_url(target: str) -> bool:
 
 @dataclass(frozen=True)
 class GrpcRequest:
-    """What the command line says about a gRPC call (``--data``, ``--proto``, ``--import-path``).
+    """What the command line says about a gRPC call (``--data``, ``--proto``, ``--import-path``,
+    ``--metadata``).
 
     ``data`` is the request message as JSON, or ``@FILE`` to read it from a file. For a probe
-    file, what is given here replaces the file's own.
+    file, what is given here replaces the file's own; ``metadata`` is added to its headers.
     """
 
     data: str | None = None
     proto: Path | None = None
     import_paths: list[Path] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def given(self) -> bool:
-        return self.data is not None or self.proto is not None or bool(self.import_paths)
+        return self.data is not None or self.proto is not None or bool(self.import_paths or self.metadata)
 
     def apply(self, spec: ProbeSpec) -> ProbeSpec:
         """``spec`` with these flags over its own; ``ConfigError`` for a spec that is not gRPC."""
         if not self.given:
             return spec
         if not spec.is_grpc:
-            raise ConfigError("--data, --proto and --import-path apply to grpc:// and grpcs:// targets")
+            raise ConfigError("--data, --proto, --import-path and --metadata apply to grpc(s):// targets")
         options = spec.grpc or GrpcOptions()
         update: dict[str, Any] = {}
         if self.proto is not None:
@@ -91,6 +93,8 @@ class GrpcRequest:
         if self.import_paths:
             update["import_paths"] = self.import_paths
         changes: dict[str, Any] = {"grpc": options.model_copy(update={**update, "descriptor_set": None})}
+        if self.metadata:
+            changes["headers"] = {**spec.headers, **self.metadata}
         if self.data is not None:
             changes.update(body=None, bodies=None, body_file=None)
             if self.data.startswith("@"):

@@ -126,6 +126,18 @@ def test_a_probe_file_carries_metadata_and_a_json_path(grpc_server: GrpcServer, 
     assert '"ctr":0.12' in str(data["examples"][0]["body"])  # type: ignore[index]
 
 
+def test_metadata_on_the_command_line(grpc_server: GrpcServer) -> None:
+    code, data, stderr = _probe_json(
+        grpc_server.url(), "--data", '{"user_id": "u1"}', "-H", "X-Tenant: green", "-r", "10", "-d", "0.5"
+    )
+    assert code == 0, stderr
+    assert data["status_counts"] == {"OK": 5}
+    assert grpc_server.stats().last_tenant == "green"
+    bad = run_cli("probe", grpc_server.url(), "--metadata", "no-colon", "-r", "10", "-d", "0.5")
+    assert bad.code == 2
+    assert "give it as 'key: value'" in bad.stderr
+
+
 def test_a_probe_files_grpc_host_needs_the_allowlist(grpc_server: GrpcServer, tmp_path: Path) -> None:
     probe_file = tmp_path / "features.yaml"
     probe_file.write_text(f"target: {grpc_server.url()}\nschedule: {{rate: 5, duration_s: 0.5}}\n")
@@ -191,7 +203,7 @@ def test_now_probe_names_empty_success_response(grpc_server: GrpcServer) -> None
 def test_now_refuses_grpc_flags_without_a_probe() -> None:
     result = run_cli("now", "--data", "{}")
     assert result.code == 2
-    assert "--data, --proto and --import-path go with --probe" in result.stderr
+    assert "--data, --proto, --import-path and --metadata go with --probe" in result.stderr
 
 
 @pytest.mark.parametrize(
