@@ -1,8 +1,9 @@
 """The recorded beds of real software, backfilled with 15 s scrapes and diagnosed through the real CLI.
 
 A checkout service with three upstreams, one of which got 200 ms slower, as OpenTelemetry's client
-instrumentations really export it (httpx, requests and aiohttp-client; old and stable HTTP semantic
-conventions), backfilled with 15 s scrapes and diagnosed through the real CLI.
+instrumentations really export it (httpx, requests and aiohttp-client, old and stable HTTP semantic
+conventions; OpenTelemetry JS's http instrumentation on Node.js; Spring Boot 3 through Micrometer,
+reconstructed), backfilled with 15 s scrapes and diagnosed through the real CLI.
 
 The recordings are in tests/fixtures/expositions/otel-*-client-* (``recording.yaml`` says which port
 each upstream listened on). The slow upstream must be named with its peer, its latency before and
@@ -54,6 +55,7 @@ CASES = [
     Case("otel-httpx-client-stable", "otel-http-client"),
     Case("otel-requests-client-old", "otel-http-client-old"),
     Case("otel-aiohttp-client-stable", "otel-http-client"),
+    Case("otel-js-http-client", "otel-http-client-js"),
     Case("otel-httpx-client-old", "otel-http-client-old-no-peer", has_peer=False,
          peer_setting="OTEL_SEMCONV_STABILITY_OPT_IN=http"),
     # Reconstructed from source (Spring Boot 3 cannot be built here): see its SOURCE.md.
