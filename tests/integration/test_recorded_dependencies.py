@@ -49,6 +49,8 @@ class Case:
     has_peer: bool = True
     #: Without a peer: the setting the finding must name, which puts the peer on the metric.
     peer_setting: str = ""
+    #: The slow peer as the metric names it; on 127.0.0.1 the port tells the upstreams apart.
+    peer: str = "127.0.0.1"
 
 
 CASES = [
@@ -58,7 +60,8 @@ CASES = [
     Case("otel-js-http-client", "otel-http-client-js"),
     Case("otel-httpx-client-old", "otel-http-client-old-no-peer", has_peer=False,
          peer_setting="OTEL_SEMCONV_STABILITY_OPT_IN=http"),
-    # Reconstructed from source (Spring Boot 3 cannot be built here): see its SOURCE.md.
+    # Reconstructed from source (Go and Spring Boot cannot be built here): see their SOURCE.md.
+    Case("grpc-go-prometheus-client", "go-grpc-prometheus-client", peer="inventory.v1.InventoryService"),
     Case("micrometer-spring-checkout", "micrometer-http-client-no-peer", has_peer=False,
          peer_setting="ClientRequestObservationConvention"),
 ]
@@ -108,11 +111,14 @@ def test_the_slow_upstream_is_named_and_no_other(case: Case, recorded: tuple[str
     assert finding["rule_id"] == "dependencies/dependency-slow"
     assert finding["evidence"][0]["convention"] == case.convention
     summary = str(finding["summary"])
-    if case.has_peer:
+    if case.has_peer and case.peer == "127.0.0.1":
         upstreams = _upstreams(case.directory)
         assert finding["labels"]["peer"] == "127.0.0.1"
         assert finding["labels"]["peer_port"] == str(upstreams["inventory"])
         assert f"calls to 127.0.0.1:{upstreams['inventory']} take" in summary
+    elif case.has_peer:
+        assert finding["labels"]["peer"] == case.peer and "peer_port" not in finding["labels"]
+        assert f"calls to {case.peer} take" in summary
     else:
         assert "peer" not in finding["labels"]
         assert "outbound HTTP calls (no peer label)" in summary
