@@ -227,7 +227,10 @@ async def _evaluate(rule: Rule, settings: Settings, ctx: CheckContext, outcome: 
             outcome.findings[-1].summary += f" (and {len(candidates) - emitted} more, not listed)"
             break
         candidate = _Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True)))
-        outcome.findings.append(_finding(rule, settings, params, candidate))
+        finding = _finding(rule, settings, params, candidate)
+        if finding is None:
+            continue
+        outcome.findings.append(finding)
         emitted += 1
 
 
@@ -281,10 +284,15 @@ class _Candidate:
     others: list[tuple[Condition, list[Evidence]]]
 
 
-def _finding(rule: Rule, settings: Settings, params: Mapping[str, Any], candidate: _Candidate) -> Finding:
+def _finding(
+    rule: Rule, settings: Settings, params: Mapping[str, Any], candidate: _Candidate
+) -> Finding | None:
+    """The finding for one candidate; ``None`` when one of the rule's ``require`` does not hold."""
     labels, primary_rows, others = candidate.labels, candidate.primary_rows, candidate.others
     values = _template_values(rule, settings, params, candidate)
     problems = _compute(rule, values)
+    if not _required(rule, values):
+        return None
     shown = MAX_EVIDENCE_PER_CONDITION
     evidence = [_named(row, rule.when[0].name or "value") for row in primary_rows[:shown]] + [
         _named(row, condition.label) for condition, rows in others for row in rows[:shown]
@@ -355,6 +363,17 @@ def _compute(rule: Rule, values: dict[str, Any]) -> list[str]:
             if not exc.missing:  # a value the library does not export is not a problem to report
                 problems.append(f"{name} not computed: {exc}")
     return problems
+
+
+def _required(rule: Rule, values: Mapping[str, Any]) -> bool:
+    """Whether every ``require`` expression holds; one that cannot be evaluated does not."""
+    for expression in rule.require:
+        try:
+            if not evaluate_expression(expression, values):
+                return False
+        except ExpressionError:
+            return False
+    return True
 
 
 def _named(row: Evidence, name: str) -> Evidence:

@@ -7,7 +7,10 @@ A rule computes values in its ``compute`` block from the named values of its evi
 
 Expressions allow numbers, names, ``+ - * / // % **``, comparisons, ``a if c else b`` and the
 functions below; nothing else (no attribute access, no calls to arbitrary Python).
-``coalesce(a, b, ...)`` is the first argument that has a value (a missing measurement is skipped).
+``coalesce(a, b, ...)`` is the first argument that has a value (a missing measurement is skipped);
+``if_missing(a, b)`` is ``a`` only when ``b`` has no value, and ``only_if(a, c)`` is ``a`` only when
+``c`` holds: both have no value otherwise, so a ``{?name text?}`` clause can say which of several
+measurements stood in for a missing one.
 """
 
 from __future__ import annotations
@@ -29,15 +32,23 @@ __all__ = [
 ]
 
 
-def pool_size_for(rps: float, latency_s: float, headroom: float = 1.25) -> int:
-    """Connections a pool needs by Little's law: ``ceil(rps x latency_s x headroom)``, at least 1.
+def pool_size_for(rps: float, latency_s: float, headroom: float = 1.25, current: float = 0) -> int:
+    """Connections a pool needs by Little's law: ``ceil(rps x latency_s x headroom)``, at least 1,
+    and, given the ``current`` size of a pool that is exhausted, at least ``current + 1``: a pool
+    found full needs more connections whatever a hold time measured elsewhere says.
+
+    ``rps`` is the demand (served plus refused or timed out), never a queue's length: in an
+    open-loop overload the queue grows without bound, and its length says nothing of the rate.
 
     >>> pool_size_for(5000, 0.004, 1.25)
     25
+    >>> pool_size_for(100, 0.001, 1.25, current=10)
+    11
     """
+    floor = max(1, math.floor(current) + 1 if current > 0 else 1)
     if rps <= 0 or latency_s <= 0:
-        return 1
-    return max(1, math.ceil(rps * latency_s * headroom - 1e-9))
+        return floor
+    return max(floor, math.ceil(rps * latency_s * headroom - 1e-9))
 
 
 def replicas_for(backlog: float, per_replica_rate: float, drain_seconds: float, current: float) -> int:
@@ -69,7 +80,31 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "replicas_for": replicas_for,
     "shard_count_for": shard_count_for,
     "coalesce": lambda *args: next(a for a in args if a is not None),
+    # Special forms, evaluated by _guarded (their arguments may have no value).
+    "if_missing": lambda value, other: value,
+    "only_if": lambda value, condition: value,
 }
+_GUARDS = frozenset({"if_missing", "only_if"})
+
+
+def _guarded(name: str, args: list[ast.expr], values: Mapping[str, Any]) -> Any:
+    """``if_missing(a, b)``: ``a`` when ``b`` has no value; ``only_if(a, c)``: ``a`` when ``c`` holds.
+
+    Otherwise no value (a missing one, not a problem), as for a measurement not exported.
+    """
+    if len(args) != 2:
+        raise ExpressionError(f"{name} takes two arguments")
+    if name == "if_missing":
+        try:
+            _evaluate(args[1], values)
+        except ExpressionError as exc:
+            if not exc.missing:
+                raise
+            return _evaluate(args[0], values)
+        raise ExpressionError(f"{name}: the second argument has a value", missing=True)
+    if _evaluate(args[1], values):
+        return _evaluate(args[0], values)
+    raise ExpressionError(f"{name}: the condition does not hold", missing=True)
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: lambda a, b: a + b,
@@ -184,6 +219,8 @@ def _evaluate(node: ast.expr, values: Mapping[str, Any]) -> Any:
             except ExpressionError:
                 continue
         raise ExpressionError("coalesce: none of its arguments has a value", missing=True)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _GUARDS:
+        return _guarded(node.func.id, node.args, values)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         args = [_evaluate(arg, values) for arg in node.args]
         try:

@@ -159,6 +159,7 @@ def _rule(path: Path, rule_id: str, spec: RuleFile, when: list[Condition], evide
         labels=spec.labels,
         runbook_path=runbook if runbook.exists() else None,
         yields_to=tuple(spec.yields_to),
+        require=tuple(spec.require),
     )
 
 

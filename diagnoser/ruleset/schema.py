@@ -47,6 +47,9 @@ class RuleFile(BaseModel):
     when: list[dict[str, Any]] = Field(min_length=1)
     evidence: list[dict[str, Any]] = Field(default_factory=list)
     compute: dict[str, str] = Field(default_factory=dict)
+    #: Expressions over the condition and ``compute`` values that must all hold for a finding (a
+    #: relation between two conditions' values, which no single query can state).
+    require: list[str] = Field(default_factory=list)
     recommendation: str = ""
     #: Labels that identify one finding; ``None`` means every row of the first condition is one.
     group_by: list[str] | None = None
@@ -61,6 +64,16 @@ class RuleFile(BaseModel):
         unknown = sorted(set(value) - SYMPTOMS)
         if unknown:
             raise ValueError(f"unknown symptom(s) {unknown}; known: {sorted(SYMPTOMS)}")
+        return value
+
+    @field_validator("require")
+    @classmethod
+    def _valid_requirements(cls, value: list[str]) -> list[str]:
+        for expression in value:
+            try:
+                parse_expression(expression)
+            except ExpressionError as exc:
+                raise ValueError(f"{expression!r}: {exc}") from exc
         return value
 
     @field_validator("compute")
@@ -111,6 +124,7 @@ class Rule:
     labels: Mapping[str, str]
     runbook_path: Path | None
     yields_to: tuple[str, ...] = ()
+    require: tuple[str, ...] = ()
 
     @property
     def family(self) -> str:

@@ -95,3 +95,24 @@ def test_redis_py_pool_exhaustion_is_found_with_its_size_inferred() -> None:
     evidence = finding["evidence"]
     assert isinstance(evidence, list)
     assert evidence[0]["convention"] == "otel-semconv"
+
+
+def test_sqlalchemy_pool_whose_timeouts_become_503s_is_found_and_sized_on_the_demand() -> None:
+    """Most requests find no connection within 0.1 s and answer 503: the pool rule still fires,
+    and sizes the pool on every request (the 503s are refused demand) x the hold time that Little's
+    law gives on the full pool (connections lent / requests served), not on the queue."""
+    with pool_service("sqlalchemy_orders.py", "--pool-size", "5", "--pool-timeout-s", "0.1") as url:
+        report = _diagnose_under_load(
+            url, f"{url}/orders?hold_s=0.3", 30, 'db_client_connections_usage_connections{state="used"}'
+        )
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    assert any(f["cause"] == "load_shedding" or f["rule_id"] == "http/error-rate-breach" for f in findings), [
+        f["summary"] for f in findings
+    ]  # the 503s were there
+    finding = _the_pool_finding(report)
+    assert finding["rule_id"] == "pools/pool-exhaustion-inferred"
+    recommendation = str(finding["recommendation"])
+    assert "Little's law:" in recommendation and "the hold time being 5 lent /" in recommendation, recommendation
+    size = int(recommendation.split(" to ", 1)[1].split(" ", 1)[0])
+    assert size > 6, recommendation

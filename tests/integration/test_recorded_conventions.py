@@ -63,6 +63,9 @@ CASES = [
     Case("hikaricp-micrometer", "pools/pool-exhaustion", "hikaricp-micrometer", "connections in use"),
     Case("envoy", "pools/pool-overflow", "envoy", "refused because the pool or its queue is full"),
     Case("otel-http-legacy", "http/latency-slo-breach", "otel-http-old"),
+    # No hold time and no served rate: the size is the floor, said so, never the queue of 29.
+    Case("otelsql-go", "pools/pool-exhaustion", "otelsql", "100% of 10 connections in use",
+         "from 10 to at least 11 connections per instance"),
 ]
 
 

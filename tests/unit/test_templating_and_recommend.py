@@ -16,6 +16,34 @@ def test_pool_size_by_littles_law(rps: float, latency: float, headroom: float, e
     assert pool_size_for(rps, latency, headroom) == expected
 
 
+@pytest.mark.parametrize(
+    ("rps", "latency", "current", "expected"),
+    # A full pool of 10 whose hold time reads 1 ms at 100 uses/s: 11, not 1; a pool of 5 with 90
+    # uses/s demanded held 0.125 s each: 15; no demand at all still needs more than the full 5.
+    [(100, 0.001, 10, 11), (90, 0.125, 5, 15), (0, 0.1, 5, 6), (5000, 0.004, 10, 25)],
+)
+def test_pool_size_of_a_full_pool_is_never_below_its_size_plus_one(
+    rps: float, latency: float, current: float, expected: int
+) -> None:
+    assert pool_size_for(rps, latency, 1.25, current) == expected
+
+
+def test_if_missing_and_only_if_say_which_measurement_stood_in() -> None:
+    assert evaluate_expression("if_missing(used / served, hold_s)", {"used": 5, "served": 40}) == 0.125
+    assert evaluate_expression("coalesce(if_missing(1, hold_s), 0)", {"hold_s": 0.2}) == 0
+    assert evaluate_expression("coalesce(only_if(size, size > 10), 7)", {"size": 12}) == 12
+    assert evaluate_expression("coalesce(only_if(size, size > 10), 7)", {"size": 3}) == 7
+    with pytest.raises(ExpressionError) as raised:
+        evaluate_expression("only_if(1, 0)", {})
+    assert raised.value.missing
+    # A real problem in the guard is not mistaken for a missing value.
+    with pytest.raises(ExpressionError) as raised:
+        evaluate_expression("if_missing(1, 1 / zero)", {"zero": 0})
+    assert not raised.value.missing
+    with pytest.raises(ExpressionError, match="two arguments"):
+        evaluate_expression("only_if(1)", {})
+
+
 def test_shard_count_for_index_size() -> None:
     assert shard_count_for(300 * 1024**3) == 10
     assert shard_count_for(1) == 1
