@@ -44,6 +44,7 @@ from diagnoser.signals import (
     normalise_labels,
     validate_template,
 )
+from diagnoser.signals.recognition import recognition
 from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
@@ -134,6 +135,11 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     present = await source.metric_names(ctx.at, lookback)
     if isinstance(present, SourceError):
         return present
+    # Families no convention claims may still be recognised by their shape (signals.infer):
+    # their inferred conventions come after the catalogue's, which win on the same series.
+    recognised = await recognition(source, catalogue, ctx.at, lookback)
+    if not isinstance(recognised, SourceError):
+        catalogue = recognised.catalogue_with(catalogue)
     planned: list[tuple[Alternative, Expansion]] = [
         (alternative, expansion)
         for alternative in templates_of(params)
