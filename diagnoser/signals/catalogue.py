@@ -280,7 +280,9 @@ def load_catalogue(extra: tuple[Path, ...] = ()) -> Catalogue:
         for resource_spec in spec.resources:
             try:
                 where = f"{path}: resource {resource_spec.name}"
-                catalogue.resources.append(resource_from_spec(resource_spec, where))
+                resource = resource_from_spec(resource_spec, where)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
+            # Like a convention: one of the same name in a later file replaces the shipped one.
+            catalogue.resources = [r for r in catalogue.resources if r.how != resource.how] + [resource]
     return catalogue
