@@ -124,17 +124,6 @@ class Recognition:
     lookalikes: tuple[Lookalike, ...] = ()
     families: Mapping[str, Family] = field(default_factory=dict)
 
-    def catalogue_with(self, catalogue: Catalogue) -> Catalogue:
-        """``catalogue`` with the inferred conventions after its own (which win on a tie)."""
-        if not self.conventions:
-            return catalogue
-        return Catalogue(
-            signals=catalogue.signals,
-            conventions=[*catalogue.conventions, *self.conventions],
-            resources=catalogue.resources,
-            expanded=catalogue.expanded,
-        )
-
 
 def _unclaimed(names: Iterable[str], catalogue: Catalogue) -> dict[str, Family]:
     claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))

@@ -11,6 +11,7 @@ unrecognised (listed as look-alikes), never the rule failed.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterable
 from datetime import datetime
@@ -63,16 +64,17 @@ async def recognition(
     """The recognised signals and resources of the instant ``at`` (shared by every caller)."""
 
     async def ask() -> Recognition | SourceError:
-        names = await source.metric_names(at, lookback_s)
+        # Two round trips, each of independent calls: what exists, then what the candidates are.
+        names, metadata = await asyncio.gather(source.metric_names(at, lookback_s), source.metadata(at))
         if isinstance(names, SourceError):
             return names
-        metadata = await source.metadata(at)
         described = {} if isinstance(metadata, SourceError) else metadata
         wanted = candidate_series(names, described, catalogue)
-        labels = await _label_sets(source, wanted, at)
         families = families_of(names, described)
         durations = {n: f for n, f in families.items() if f"{n}_count" in wanted}
-        bounds = await _bucket_bounds(source, unitless_histograms(durations), at)
+        labels, bounds = await asyncio.gather(
+            _label_sets(source, wanted, at), _bucket_bounds(source, unitless_histograms(durations), at)
+        )
         return recognise(names, described, labels, catalogue, bounds)
 
     return await source.shared(("recognition", at.timestamp(), lookback_s, id(catalogue)), ask)
