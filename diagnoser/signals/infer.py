@@ -125,31 +125,47 @@ class Recognition:
     families: Mapping[str, Family] = field(default_factory=dict)
 
 
-def _unclaimed(names: Iterable[str], catalogue: Catalogue) -> dict[str, Family]:
+def _unclaimed(
+    names: Iterable[str], catalogue: Catalogue, metadata: Mapping[str, Mapping[str, str]]
+) -> dict[str, Family]:
+    """The families of ``names`` none of whose series a convention or catalogued resource reads."""
     claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))
     return {
-        name: family for name, family in families_of(names, {}).items() if not set(family.series) & claimed
+        name: family
+        for name, family in families_of(names, metadata).items()
+        if not set(family.series) & claimed
     }
 
 
 def candidate_series(
     names: set[str], metadata: Mapping[str, Mapping[str, str]], catalogue: Catalogue
 ) -> list[str]:
-    """The series whose labels recognition needs: one name per unclaimed duration or limit family,
-    and every gauge that could be a limit's sibling."""
-    families = {n: f for n, f in families_of(names, metadata).items() if n in _unclaimed(names, catalogue)}
-    wanted: list[str] = []
-    for family in families.values():
-        if is_duration(family):
-            wanted.append(f"{family.name}_count")
-        elif family.type in ("gauge", "counter") and _resource_word(family.name):
-            wanted.append(family.name)
+    """The series whose labels recognition needs, read from names alone: one per unclaimed
+    duration family, each limit of a count, and the gauges of the same exporter that could be
+    what it limits or its queue. On a Prometheus without such families, none (and no query)."""
+    families = _unclaimed(names, catalogue, metadata)
+    wanted = [f"{f.name}_count" for f in families.values() if is_duration(f)]
+    limits = [f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None]
+    exporters = {tokens(name)[0] for name in limits}
+    wanted += limits
+    wanted += [
+        f.name
+        for f in families.values()
+        if f.type == "gauge"
+        and f.name not in limits
+        and tokens(f.name)[:1]
+        and tokens(f.name)[0] in exporters
+        and set(tokens(f.name)) & (_USAGE_WORDS | _QUEUE_WORDS)
+    ]
     return sorted(wanted)
 
 
-def _resource_word(name: str) -> bool:
-    parts = set(tokens(name))
-    return limit_parts(name) is not None or bool(parts & (_USAGE_WORDS | _QUEUE_WORDS | _REFUSAL_WORDS))
+def _count_limit(name: str) -> tuple[tuple[str, ...], str, tuple[str, ...]] | None:
+    """``limit_parts`` of a limit on a count (not bytes, rates or a queue's longest)."""
+    parts = limit_parts(name)
+    if parts is None or _NOT_COUNTS & set(tokens(name)) or _QUEUE_WORDS & set(parts[2]):
+        return None
+    return parts
 
 
 def unitless_histograms(families: Mapping[str, Family]) -> list[str]:
@@ -173,8 +189,7 @@ def recognise(
     ``labels`` holds the label names of one series per candidate (:func:`candidate_series`);
     ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``.
     """
-    unclaimed = set(_unclaimed(names, catalogue))
-    families = {n: f for n, f in families_of(names, metadata).items() if n in unclaimed}
+    families = _unclaimed(names, catalogue, metadata)
     conventions: list[Convention] = []
     lookalikes: list[Lookalike] = []
     for family in families.values():
@@ -259,12 +274,11 @@ def _resources(
     """Gauges paired with their limits, with queues and refusals of the same prefix."""
     limits: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, str]] = {}
     for family in families.values():
-        parts = limit_parts(family.name)
-        if family.type != "gauge" or parts is None or _NOT_COUNTS & set(tokens(family.name)):
+        # Not a queue's most (HAProxy's max_queue is the longest seen): that is saturation.
+        parts = _count_limit(family.name) if family.type == "gauge" else None
+        if parts is None:
             continue
         prefix, word, noun = parts
-        if _QUEUE_WORDS & set(noun):
-            continue  # a queue's most (HAProxy's max_queue is the longest seen) is saturation, not a limit
         rank = ("limit", "capacity", "max", "size").index(word)
         key = (prefix, _noun(noun))
         if key not in limits or rank < limits[key][0]:
