@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.errors import NoDataFound
 from diagnoser.models import Evidence, SourceError
 from diagnoser.promql import duration_seconds
-from diagnoser.signals import Catalogue
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.resources import Measure, Resource, resource_query
 from diagnoser.sources.prometheus import PrometheusSource
@@ -59,27 +59,23 @@ def _wanted(resource: Resource, params: ResourceParams) -> bool:
     return resource.kind in params.kinds and (not params.roles or resource.role in params.roles)
 
 
-def resource_queries(params: ResourceParams, catalogue: Catalogue) -> list[tuple[str, str]]:
-    """The catalogued resources' queries (inferred ones exist only at an instant)."""
-    found = []
-    for resource in catalogue.resources:
-        query = resource_query(resource, params.measure, params.window, params.resolution, params.near)
-        if query is not None and _wanted(resource, params):
-            found.append((f" ({resource.how})", query))
-    return found
-
-
-@check_kind("resource", params=ResourceParams, reads={SOURCE}, queries=resource_queries)
+# No ``queries=``: which resources exist is known only at the instant (most are recognised by
+# shape), so the check says itself when it found none (NoDataFound: the coverage's no_data).
+@check_kind("resource", params=ResourceParams, reads={SOURCE})
 async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
     lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window), duration_seconds(params.window))
     recognised = await recognition(source, ctx.catalogue, ctx.at, lookback)
     if isinstance(recognised, SourceError):
         return recognised
+    wanted = [resource for resource in recognised.resources if _wanted(resource, params)]
+    if not wanted:
+        roles = f", {'/'.join(params.roles)}" if params.roles else ""
+        raise NoDataFound(f"no resource with a limit ({' or '.join(params.kinds)}{roles})")
+    # A measure some resources lack (refusals of a proxy that counts none) is no row for them.
     planned = [
         (resource, query)
-        for resource in recognised.resources
-        if _wanted(resource, params)
+        for resource in wanted
         for query in [resource_query(resource, params.measure, params.window, params.resolution, params.near)]
         if query is not None
     ]

@@ -378,7 +378,8 @@ def _work_after(name: str, prefix: tuple[str, ...], words: frozenset[str]) -> bo
         return False
     rest = parts[len(prefix) :]
     hits = [index for index, part in enumerate(rest) if part in words]
-    return bool(hits) and set(rest[hits[0] + 1 :]) <= _WORK_NOUNS and not _NOT_COUNTS & set(rest)
+    # A CPU's run queue holds tasks, not requests waiting for this resource.
+    return bool(hits) and set(rest[hits[0] + 1 :]) <= _WORK_NOUNS and not (_NOT_COUNTS | {"run"}) & set(rest)
 
 
 def _queue_of(name: str, labels: frozenset[str] | None, prefix: tuple[str, ...], own: frozenset[str]) -> bool:
