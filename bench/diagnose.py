@@ -8,7 +8,9 @@ nodes, kube-state-metrics), then prints:
   and the slowest one (the floor for any concurrent run);
 * wall / slowest: the goal is at most 1.5.
 
-Usage: ``python bench/diagnose.py [--services 100] [--runs 5]`` (needs the prometheus package).
+Usage: ``python bench/diagnose.py [--services 100] [--runs 5]`` (needs the prometheus package);
+``--recognition`` instead times diagnoses with and without recognition by shape, interleaved, and
+the recognition step alone (the goal: it adds at most 10 %).
 """
 
 from __future__ import annotations
@@ -235,6 +237,61 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     print(f"wall / slowest           {wall / slowest:8.2f}   (goal <= 1.5)")
 
 
+async def recognition_overhead(url: str, runs: int, concurrency: int) -> None:
+    """What recognition by shape adds to a diagnosis: runs interleaved with and without it (the
+    ``resources/`` rules and the inferred conventions), and the recognition step alone."""
+    import diagnoser.checks.signal as signal_check
+    from diagnoser.signals import load_catalogue
+    from diagnoser.signals.infer import Recognition
+    from diagnoser.signals.recognition import recognition
+
+    settings = load_settings(
+        overrides={
+            "prometheus": {"url": url, "query_timeout_s": 60, "max_concurrency": concurrency},
+            "deadline_s": 120,
+            "signals": {"queue_length": "db_client_connection_pending_requests"},
+        }
+    )
+    with_it = [r for r in load_rules([]) if set(r.sources) == {"prometheus"}]
+    without = [r for r in with_it if not r.id.startswith("resources/")]
+    at = datetime.fromtimestamp(START + INTERVAL * (POINTS - 1), UTC)
+
+    async def nothing(*_: object) -> Recognition:
+        return Recognition()
+
+    async def once(rules: list, recognise: bool) -> tuple[float, float]:  # type: ignore[type-arg]
+        signal_check.recognition = recognition if recognise else nothing  # type: ignore[assignment]
+        source = PrometheusSource(settings.prometheus)
+        started, started_cpu = time.perf_counter(), time.process_time()
+        await diagnose(rules, settings, Sources(prometheus=source), at=at)
+        elapsed = (time.perf_counter() - started, time.process_time() - started_cpu)
+        await source.aclose()
+        return elapsed
+
+    await once(with_it, True)  # warm-up
+    before, after, alone = [], [], []
+    for _ in range(runs):
+        before.append(await once(without, False))
+        after.append(await once(with_it, True))
+        source = PrometheusSource(settings.prometheus)
+        started = time.perf_counter()
+        found = await recognition(source, load_catalogue(), at, 300.0)
+        alone.append(time.perf_counter() - started)
+        await source.aclose()
+    signal_check.recognition = recognition  # type: ignore[assignment]
+    wall_before = statistics.median(w for w, _ in before)
+    wall_after = statistics.median(w for w, _ in after)
+    print(
+        f"recognised               {len(getattr(found, 'conventions', ()))} inferred conventions, "
+        f"{len(getattr(found, 'resources', ()))} resources"
+    )
+    print(f"recognition alone        {statistics.median(alone) * 1000:8.1f} ms (median of {runs})")
+    for label, runs_of in (("without", before), ("with   ", after)):
+        wall, cpu = statistics.median(w for w, _ in runs_of), statistics.median(c for _, c in runs_of)
+        print(f"diagnosis {label}        {wall * 1000:8.1f} ms   CPU {cpu * 1000:.1f} ms")
+    print(f"recognition adds         {(wall_after / wall_before - 1) * 100:8.1f} %   (goal <= 10 %)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--services", type=int, default=125)
@@ -242,6 +299,11 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="Also print the slowest queries.")
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=[16], help="prometheus.max_concurrency values to try."
+    )
+    parser.add_argument(
+        "--recognition",
+        action="store_true",
+        help="Measure what recognition by shape adds (interleaved runs).",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="diagnoser-bench-") as tmp:
@@ -257,7 +319,10 @@ def main() -> int:
             print(f"backfill + start         {time.perf_counter() - started:.1f}s")
             for concurrency in args.concurrency:
                 print(f"-- max_concurrency {concurrency}")
-                asyncio.run(measure(prometheus.url, args.runs, args.verbose, concurrency))
+                if args.recognition:
+                    asyncio.run(recognition_overhead(prometheus.url, args.runs, concurrency))
+                else:
+                    asyncio.run(measure(prometheus.url, args.runs, args.verbose, concurrency))
     return 0
 
 

@@ -5,6 +5,7 @@ Everything diagnoser raises on purpose derives from :class:`DiagnoserError`::
     DiagnoserError
     ├── ConfigError            bad configuration file, environment or flag (CLI exit code 2)
     ├── SourceNotConfigured    a check needs a source the user did not configure: the rule is skipped
+    ├── NoDataFound            a check found nothing of what it reads at the instant: the rule had no data
     ├── MissingVariable        a ``${...}`` placeholder names a value not set (also a KeyError):
     │                          an unset ``signals.X`` skips the rule
     ├── ExpressionError        a rule's ``compute`` expression is invalid or cannot be evaluated
@@ -34,6 +35,7 @@ __all__ = [
     "ExpressionError",
     "LocalPrometheusError",
     "MissingVariable",
+    "NoDataFound",
     "NotationError",
     "ProbeSafetyError",
     "PromqlSyntaxError",
@@ -72,6 +74,11 @@ class SourceNotConfigured(DiagnoserError):
     def __init__(self, source: str) -> None:
         self.source = source
         super().__init__(f"source {source!r} is not configured")
+
+
+class NoDataFound(DiagnoserError):
+    """A check found nothing it could read at the instant (no resource of its kinds, catalogued or
+    recognised by shape): the rule had no data, which the coverage says (``no_data``)."""
 
 
 class ProbeSafetyError(DiagnoserError):

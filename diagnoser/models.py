@@ -62,6 +62,9 @@ CAUSES: frozenset[str] = frozenset(
         "pvc_pending",
         "es_fielddata_text",
         "no_data",
+        # A server or proxy at its configured connection maximum (connection_pool_exhaustion is
+        # a client's own pool).
+        "connection_limit_reached",
     }
 )
 

@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl python3-venv)
 NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl)
+# Servers at their connection limit, as tests/fixtures/pool_services/record_limits.py records them
+# (the tests replay the recordings; these are for re-recording): PostgreSQL with its exporter, HAProxy.
+APT_PACKAGES+=(postgresql prometheus-postgres-exporter haproxy)
+NEEDED_COMMANDS+=(pg_ctlcluster prometheus-postgres-exporter haproxy)
 image_test=${DIAGNOSER_IMAGE_TEST:-$([ "${CI:-}" = true ] && echo 1 || echo 0)}
 if [ "$image_test" = 1 ]; then
   # podman builds the image; runc and debootstrap let it run where crun or a registry cannot

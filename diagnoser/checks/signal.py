@@ -44,7 +44,8 @@ from diagnoser.signals import (
     normalise_labels,
     validate_template,
 )
-from diagnoser.sources.prometheus import PrometheusSource
+from diagnoser.signals.recognition import recognition
+from diagnoser.sources.prometheus import PrometheusSource, Sample
 
 __all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
 
@@ -134,14 +135,16 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     present = await source.metric_names(ctx.at, lookback)
     if isinstance(present, SourceError):
         return present
-    planned: list[tuple[Alternative, Expansion]] = [
-        (alternative, expansion)
-        for alternative in templates_of(params)
-        for expansion in expansions(alternative.query, catalogue, present)
-    ]
-    answers = await asyncio.gather(*(source.query(e.query, ctx.at, params.timeout_s) for _, e in planned))
+    # The catalogue's conventions are asked at once; families no convention claims may still be
+    # recognised by their shape (signals.infer, once per instant), and their inferred conventions
+    # are asked as soon as that is known, without holding up the catalogue's queries.
+    catalogued, inferred = await asyncio.gather(
+        _ask(source, params, expansions_of(params, catalogue, present), ctx),
+        _ask_inferred(source, params, catalogue, present, ctx, lookback),
+    )
+    planned = [*catalogued, *inferred]
     rows: dict[tuple[tuple[str, str], ...], Evidence] = {}
-    for (alternative, expansion), samples in zip(planned, answers, strict=True):
+    for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
             return samples
         for sample in samples:
@@ -163,6 +166,41 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                 ),
             )
     return list(rows.values())
+
+
+Planned = list[tuple[Alternative, Expansion]]
+
+
+def expansions_of(params: SignalParams, catalogue: Catalogue, present: set[str]) -> Planned:
+    return [
+        (alternative, expansion)
+        for alternative in templates_of(params)
+        for expansion in expansions(alternative.query, catalogue, present)
+    ]
+
+
+async def _ask(
+    source: PrometheusSource, params: SignalParams, planned: Planned, ctx: CheckContext
+) -> list[tuple[Alternative, Expansion, list[Sample] | SourceError]]:
+    answers = await asyncio.gather(*(source.query(e.query, ctx.at, params.timeout_s) for _, e in planned))
+    return [(a, e, samples) for (a, e), samples in zip(planned, answers, strict=True)]
+
+
+async def _ask_inferred(
+    source: PrometheusSource,
+    params: SignalParams,
+    catalogue: Catalogue,
+    present: set[str],
+    ctx: CheckContext,
+    lookback: float,
+) -> list[tuple[Alternative, Expansion, list[Sample] | SourceError]]:
+    recognised = await recognition(source, catalogue, ctx.at, lookback)
+    if isinstance(recognised, SourceError) or not recognised.conventions:
+        return []  # recognition is a refinement: without it the catalogue's answers stand
+    only_inferred = Catalogue(
+        signals=catalogue.signals, conventions=list(recognised.conventions), expanded=catalogue.expanded
+    )
+    return await _ask(source, params, expansions_of(params, only_inferred, present), ctx)
 
 
 def _holds(value: float, params: SignalParams) -> bool:

@@ -213,6 +213,8 @@ def _rule_status(
         return entry("skipped", outcome.skipped)
     if outcome.errors and not outcome.findings:
         return entry("error", outcome.errors[0].message)
+    if outcome.no_data is not None and not outcome.findings:
+        return entry("no_data", outcome.no_data)
     if rule is not None and names is not None and not outcome.findings and "prometheus" in rule.sources:
         needed = metric_names_of(rule, settings)
         if needed and not needed & names:

@@ -32,7 +32,7 @@ from diagnoser.engine.rank import (
     unavailable_findings,
     without_yielding,
 )
-from diagnoser.errors import SourceNotConfigured
+from diagnoser.errors import NoDataFound, SourceNotConfigured
 from diagnoser.models import Diagnosis, Evidence, Finding, SourceError
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
@@ -66,6 +66,8 @@ class RuleOutcome:
     findings: list[Finding] = field(default_factory=list)
     errors: list[SourceError] = field(default_factory=list)
     skipped: str | None = None
+    #: Why the rule had no data, when a check said so (:class:`~diagnoser.errors.NoDataFound`).
+    no_data: str | None = None
     seconds: float = 0.0
 
 
@@ -172,6 +174,8 @@ async def evaluate_rule(rule: Rule, settings: Settings, ctx: CheckContext) -> Ru
         await _evaluate(rule, settings, ctx, outcome)
     except SourceNotConfigured as exc:
         outcome.skipped = f"source {exc.source} not configured"
+    except NoDataFound as exc:
+        outcome.no_data = str(exc)
     except MissingVariable as exc:
         outcome.skipped = str(exc)
     except asyncio.CancelledError:

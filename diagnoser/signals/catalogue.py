@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from diagnoser.errors import ConfigError
 from diagnoser.promql import parse_selector, quote
+from diagnoser.signals.resources import Resource, ResourceSpec, resource_from_spec
 
 __all__ = [
     "Catalogue",
@@ -116,6 +117,8 @@ class _ConventionSpec(_Strict):
 class _FileSpec(_Strict):
     signals: dict[str, SignalDef] = Field(default_factory=dict)
     conventions: list[_ConventionSpec] = Field(default_factory=list)
+    #: Resources with a limit, for exporters whose names no shape gives away (signals/resources.py).
+    resources: list[ResourceSpec] = Field(default_factory=list)
 
     @field_validator("signals")
     @classmethod
@@ -154,6 +157,8 @@ class Catalogue:
 
     signals: dict[str, SignalDef] = field(default_factory=dict)
     conventions: list[Convention] = field(default_factory=list)
+    #: Catalogued resources with a limit (``resources:`` sections), in file order.
+    resources: list[Resource] = field(default_factory=list)
     #: Rule queries already instantiated, by (template, convention name): every evaluation
     #: expands the same templates (filled by :func:`diagnoser.signals.expand.expansions`).
     expanded: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
@@ -272,4 +277,12 @@ def load_catalogue(extra: tuple[Path, ...] = ()) -> Catalogue:
                 catalogue.conventions.append(convention)
             else:
                 catalogue.conventions[index] = convention
+        for resource_spec in spec.resources:
+            try:
+                where = f"{path}: resource {resource_spec.name}"
+                resource = resource_from_spec(resource_spec, where)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+            # Like a convention: one of the same name in a later file replaces the shipped one.
+            catalogue.resources = [r for r in catalogue.resources if r.how != resource.how] + [resource]
     return catalogue

@@ -19,7 +19,7 @@ import asyncio
 import math
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -220,6 +220,27 @@ class PrometheusSource:
 
         return await self._shared.run(("names", at.timestamp(), lookback_s), ask)
 
+    async def metadata(self, at: datetime) -> dict[str, dict[str, str]] | SourceError:
+        """``GET /api/v1/metadata``: type, unit and help per metric family (the first entry of each).
+
+        Prometheus serves it only for targets it scrapes now (nothing for backfilled data or past
+        targets) and VictoriaMetrics answers ``{}``: an empty answer is normal, not an error.
+        Asked once per evaluation instant ``at`` (the metadata has no time of its own), like the
+        metric-name list.
+        """
+        timeout = self.settings.query_timeout_s
+
+        async def ask() -> dict[str, dict[str, str]] | SourceError:
+            return await self._call("/api/v1/metadata", {}, timeout, _metadata_from, None)
+
+        return await self._shared.run(("metadata", at.timestamp()), ask)
+
+    async def shared(self, key: tuple[object, ...], start: Callable[[], Awaitable[T]]) -> T:
+        """The answer of ``start()`` for ``key``, computed once and shared with every caller that
+        asks while this source is open (as the metric-name list is): for what is derived from
+        this source's answers at one instant, such as the signals recognised there."""
+        return await self._shared.run(("derived", *key), start)
+
     async def _call(
         self,
         path: str,
@@ -326,6 +347,16 @@ def _names_from(data: Any) -> set[str]:
     if not isinstance(data, list):
         raise TypeError(f"label values are a {type(data).__name__}, expected a list")
     return {str(name) for name in data}
+
+
+def _metadata_from(data: Any) -> dict[str, dict[str, str]]:
+    if not isinstance(data, dict):
+        raise TypeError(f"metadata is a {type(data).__name__}, expected an object")
+    found: dict[str, dict[str, str]] = {}
+    for name, entries in data.items():
+        if isinstance(entries, list) and entries and isinstance(entries[0], dict):
+            found[str(name)] = {key: str(entries[0].get(key) or "") for key in ("type", "unit", "help")}
+    return found
 
 
 def _root_cause(exc: BaseException) -> str:

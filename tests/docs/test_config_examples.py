@@ -74,6 +74,18 @@ def test_signal_file_example_adds_its_convention(tmp_path: Path) -> None:
     assert convention.forms["pool.use_seconds"].note == "includes the wait"
 
 
+def test_resource_example_loads_as_a_catalogued_resource(tmp_path: Path) -> None:
+    path = tmp_path / "resources.yaml"
+    path.write_text(only("resources").text, encoding="utf-8")
+    [resource] = [r for r in load_catalogue((path,)).resources if r.how == "postgres-exporter"]  # replaced, not added
+    assert (resource.name, resource.kind, resource.role, resource.labels) == (
+        "postgresql connections", "connections", "server", ("server",)
+    )
+    assert resource.required == {
+        "pg_stat_activity_count", "pg_settings_max_connections", "pg_settings_superuser_reserved_connections"
+    }
+
+
 def test_condition_example_loads_inside_a_rule(tmp_path: Path) -> None:
     rule = {
         "cause": "connection_pool_exhaustion", "kind": "cause", "severity": "critical",

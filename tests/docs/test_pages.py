@@ -19,6 +19,7 @@ KNOWN_KINDS = {
     "probe",  # test_config_examples.py: loaded by the probe file loader
     "grpc-probe",  # test_config_examples.py: a gRPC probe file, loaded by the probe file loader
     "signals",  # test_config_examples.py: loaded into the signal catalogue
+    "resources",  # test_config_examples.py: a catalogue file's resources, loaded
     "condition",  # test_config_examples.py: loaded by the rule loader inside a rule
     "rule-error",  # test_config_examples.py: the loader's message for that mistake
     "json diagnosis",  # test_config_examples.py: validated by the Diagnosis model

@@ -48,7 +48,8 @@ def test_signal_table_is_the_catalogue() -> None:
     shipped = {}
     for path in sorted((REPO / "signals").glob("*.yaml")):
         spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-        shipped[f"signals/{path.name}"] = (set(spec["signals"]), {c["name"] for c in spec["conventions"]})
+        conventions = {c["name"] for c in spec.get("conventions", [])} | {r["name"] for r in spec.get("resources", [])}
+        shipped[f"signals/{path.name}"] = (set(spec.get("signals", {})), conventions)
     assert documented == shipped
 
 

@@ -1,0 +1,407 @@
+"""Recognition by metadata and shape: signals for the metric families no convention claims.
+
+The catalogue (:mod:`diagnoser.signals.catalogue`) is the precise layer. Under it, this module
+reads what a Prometheus holds at an instant (its metric names, ``/api/v1/metadata`` where served,
+and one series' labels per candidate family) and recognises:
+
+* a request-duration histogram or summary on the server side with a status label: an inferred
+  convention for ``http.server.duration``, ``http.server.errors`` and ``http.server.shed``;
+* one on the client side (a client token, or a peer label such as ``server_address``): an
+  inferred convention for ``dependency.duration`` with the peer label, where the catalogue
+  defines that signal;
+* a gauge with a sibling that is its limit (``haproxy_server_current_sessions`` /
+  ``haproxy_server_limit_sessions``, ``redis_connected_clients`` / ``redis_config_maxclients``,
+  ``process_open_fds`` / ``process_max_fds``), with the waiting gauges and refusal counters of the
+  same prefix: a :class:`~diagnoser.signals.resources.Resource` for the USE rules.
+
+Metadata is often missing (Prometheus serves it only for targets it scrapes now; VictoriaMetrics
+answers ``{}``), so names, suffixes and labels suffice; metadata refines the type and unit. A
+unit that neither says is read from the bucket bounds, else assumed and said. Every inferred
+mapping is named ``inferred (...)`` and carries a caveat, and what looks like a duration or a
+limit but could not be recognised is listed (``diagnose signals`` shows both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
+from diagnoser.signals.resources import Resource
+from diagnoser.signals.shapes import (
+    PEER_LABELS,
+    STATUS_LABELS,
+    Family,
+    families_of,
+    is_duration,
+    limit_parts,
+    side,
+    time_unit,
+    tokens,
+)
+
+__all__ = ["Lookalike", "Recognition", "candidate_series", "recognise", "unitless_histograms"]
+
+CAVEAT = "recognised by its shape, not by a catalogued convention: check that the metric means this"
+_ROUTE_LABELS = ("http_route", "route", "handler", "path", "endpoint", "uri", "method_name")
+_USAGE_WORDS = frozenset(
+    {
+        "current",
+        "open",
+        "active",
+        "used",
+        "connected",
+        "count",
+        "usage",
+        "busy",
+        "inuse",
+        "in",
+        "use",
+        "cur",
+        "status",
+        "num",
+    }
+)
+_QUEUE_WORDS = frozenset({"queue", "queued", "pending", "waiting"})
+#: What may follow a queue or refusal word: what waits or was refused (not ``objects``, ``calls``).
+_WORK_NOUNS = frozenset(
+    {
+        "requests",
+        "request",
+        "connections",
+        "connection",
+        "conn",
+        "clients",
+        "sessions",
+        "count",
+        "length",
+        "size",
+        "current",
+        "total",
+    }
+)
+#: Limits worth listing as near misses: of connections, pools, workers, descriptors.
+_RESOURCE_NOUNS = frozenset(
+    {"connections", "clients", "sessions", "pool", "workers", "threads", "fds", "files", "slots", "backends"}
+)
+_REFUSAL_WORDS = frozenset(
+    {"rejected", "refused", "timeouts", "timeout", "timedout", "overflow", "overflows", "dropped"}
+)
+_NOUNS = {
+    "conn": "connections",
+    "conns": "connections",
+    "connection": "connections",
+    "client": "clients",
+    "session": "sessions",
+    "fd": "fds",
+    "file": "files",
+    "worker": "workers",
+    "thread": "threads",
+}
+_PROXIES = frozenset({"haproxy", "envoy", "nginx", "traefik"})
+_NOT_COUNTS = frozenset(
+    {"bytes", "seconds", "ratio", "percent", "milliseconds", "celsius", "replicas", "rate", "average", "avg"}
+)
+#: Bucket bounds this high are not seconds: an exporter that writes no unit wrote milliseconds.
+_MILLISECOND_BOUND = 100.0
+
+
+@dataclass(frozen=True)
+class Lookalike:
+    """A family that looks like a duration, a pool or a limit but was not recognised, and why."""
+
+    metric: str
+    looks_like: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """What was recognised at one instant: inferred conventions, resources and near misses."""
+
+    conventions: tuple[Convention, ...] = ()
+    resources: tuple[Resource, ...] = ()
+    lookalikes: tuple[Lookalike, ...] = ()
+    families: Mapping[str, Family] = field(default_factory=dict)
+
+
+def _unclaimed(
+    names: Iterable[str], catalogue: Catalogue, metadata: Mapping[str, Mapping[str, str]]
+) -> dict[str, Family]:
+    """The families of ``names`` none of whose series a convention or catalogued resource reads."""
+    claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))
+    return {
+        name: family
+        for name, family in families_of(names, metadata).items()
+        if not set(family.series) & claimed
+    }
+
+
+def candidate_series(
+    names: set[str], metadata: Mapping[str, Mapping[str, str]], catalogue: Catalogue
+) -> list[str]:
+    """The series whose labels recognition needs, read from names alone: one per unclaimed
+    duration family, each limit of a count, and the gauges of the same exporter that could be
+    what it limits or its queue. On a Prometheus without such families, none (and no query)."""
+    families = _unclaimed(names, catalogue, metadata)
+    wanted = [f"{f.name}_count" for f in families.values() if is_duration(f)]
+    limits = [f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None]
+    exporters = {tokens(name)[0] for name in limits}
+    wanted += limits
+    wanted += [
+        f.name
+        for f in families.values()
+        if f.type == "gauge"
+        and f.name not in limits
+        and tokens(f.name)[:1]
+        and tokens(f.name)[0] in exporters
+        and set(tokens(f.name)) & (_USAGE_WORDS | _QUEUE_WORDS)
+    ]
+    return sorted(wanted)
+
+
+def _count_limit(name: str) -> tuple[tuple[str, ...], str, tuple[str, ...]] | None:
+    """``limit_parts`` of a limit on a count (not bytes, rates or a queue's longest)."""
+    parts = limit_parts(name)
+    if parts is None or _NOT_COUNTS & set(tokens(name)) or _QUEUE_WORDS & set(parts[2]):
+        return None
+    return parts
+
+
+def unitless_histograms(families: Mapping[str, Family]) -> list[str]:
+    """Histograms timed in a unit neither the metadata nor the name gives: read from their buckets."""
+    return sorted(
+        f"{f.name}_bucket"
+        for f in families.values()
+        if f.type == "histogram" and is_duration(f) and time_unit(f)[0] is None
+    )
+
+
+def recognise(
+    names: set[str],
+    metadata: Mapping[str, Mapping[str, str]],
+    labels: Mapping[str, frozenset[str]],
+    catalogue: Catalogue,
+    bucket_bounds: Mapping[str, float] | None = None,
+) -> Recognition:
+    """Recognise the unclaimed families of ``names``.
+
+    ``labels`` holds the label names of one series per candidate (:func:`candidate_series`);
+    ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``.
+    """
+    families = _unclaimed(names, catalogue, metadata)
+    conventions: list[Convention] = []
+    lookalikes: list[Lookalike] = []
+    for family in families.values():
+        if not is_duration(family):
+            continue
+        found = _duration_convention(
+            family, labels.get(f"{family.name}_count"), catalogue, bucket_bounds or {}
+        )
+        if isinstance(found, Lookalike):
+            if found.looks_like != "duration":  # a duration of no request at all (GC, scrapes) is no miss
+                lookalikes.append(found)
+        else:
+            conventions.append(found)
+    resources, missed = _resources(families, labels)
+    present_resources = [r for r in catalogue.resources if r.required <= names]
+    return Recognition(
+        conventions=tuple(conventions),
+        resources=(*present_resources, *resources),
+        lookalikes=(*lookalikes, *missed),
+        families=families,
+    )
+
+
+def _unit(family: Family, bounds: Mapping[str, float]) -> tuple[str, str]:
+    unit, how = time_unit(family)
+    if unit is not None:
+        return unit, f"{unit} from its {how}"
+    top = bounds.get(f"{family.name}_bucket")
+    if top is not None:
+        unit = "milliseconds" if top >= _MILLISECOND_BOUND else "seconds"
+        return unit, f"{unit} from its bucket bounds (up to {top:g})"
+    return "seconds", "seconds assumed (no unit in metadata, name or buckets)"
+
+
+def _duration_convention(
+    family: Family, labels: frozenset[str] | None, catalogue: Catalogue, bounds: Mapping[str, float]
+) -> Convention | Lookalike:
+    if labels is None:
+        return Lookalike(family.name, "duration", "no series to read its labels from at this instant")
+    where = side(family, labels)
+    unit, unit_how = _unit(family, bounds)
+    scale = TIME_UNITS[unit]
+    shape = f"{family.type} {family.name}"
+    if where == "client":
+        if "dependency.duration" not in catalogue.signals:
+            return Lookalike(family.name, "client duration", "no dependency.duration signal in the catalogue")
+        peer = next((label for label in PEER_LABELS if label in labels), None)
+        peer_how = f"peer label {peer}" if peer else "no peer label"
+        name = f"inferred ({shape}, client side, {peer_how}, {unit_how})"
+        note = f"{CAVEAT}; {unit_how}"
+        form = Form(metric=family.name, scale=scale, note=note)
+        mapped = {"service": "job", **({"peer": peer} if peer else {})}
+        return Convention(name=name, title=name, labels=mapped, forms={"dependency.duration": form})
+    status = next((label for label in STATUS_LABELS if label in labels), None)
+    if where is None:
+        return Lookalike(
+            family.name, "duration", "neither a request's (no http/rpc/request token) nor a client's"
+        )
+    if status is None:
+        return Lookalike(family.name, "server duration", "no status label, so errors cannot be told apart")
+    name = f"inferred ({shape}, server side, status label {status}, {unit_how})"
+    note = f"{CAVEAT}; {unit_how}"
+    route = next((label for label in _ROUTE_LABELS if label in labels), None)
+    forms = {
+        "http.server.duration": Form(metric=family.name, scale=scale, note=note),
+        "http.server.errors": Form(
+            metric=f"{family.name}_count", matchers=((status, "=~", "5.."),), note=note
+        ),
+        "http.server.shed": Form(metric=f"{family.name}_count", matchers=((status, "=", "503"),), note=note),
+    }
+    mapped = {"service": "job", **({"route": route} if route else {})}
+    return Convention(name=name, title=name, labels=mapped, forms=forms)
+
+
+def _noun(parts: Iterable[str]) -> tuple[str, ...]:
+    return tuple(_NOUNS.get(part, part) for part in parts)
+
+
+def _resources(
+    families: Mapping[str, Family], labels: Mapping[str, frozenset[str]]
+) -> tuple[list[Resource], list[Lookalike]]:
+    """Gauges paired with their limits, with queues and refusals of the same prefix."""
+    limits: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, str]] = {}
+    for family in families.values():
+        # Not a queue's most (HAProxy's max_queue is the longest seen): that is saturation.
+        parts = _count_limit(family.name) if family.type == "gauge" else None
+        if parts is None:
+            continue
+        prefix, word, noun = parts
+        rank = ("limit", "capacity", "max", "size").index(word)
+        key = (prefix, _noun(noun))
+        if key not in limits or rank < limits[key][0]:
+            limits[key] = (rank, family.name)
+    found: list[Resource] = []
+    missed: list[Lookalike] = []
+    limit_names = {name for _, name in limits.values()}
+    for (prefix, noun), (_, limit) in sorted(limits.items()):
+        used = _sibling(families, prefix, noun, limit_names)
+        if used is None:
+            if set(noun) & _RESOURCE_NOUNS:
+                missed.append(
+                    Lookalike(limit, "limit", "no gauge of the same prefix and noun counts what it limits")
+                )
+            continue
+        resource = _resource(families, labels, prefix, noun, used, limit)
+        if isinstance(resource, Lookalike):
+            missed.append(resource)
+        else:
+            found.append(resource)
+    return found, missed
+
+
+def _sibling(
+    families: Mapping[str, Family], prefix: tuple[str, ...], noun: tuple[str, ...], limits: set[str]
+) -> str | None:
+    best: tuple[int, str] | None = None
+    for family in families.values():
+        if family.type != "gauge" or family.name in limits:
+            continue
+        parts = tokens(family.name)
+        if tuple(parts[: len(prefix)]) != prefix:
+            continue
+        rest = parts[len(prefix) :]
+        middle = rest[: len(rest) - len(noun)] if noun else rest
+        if noun and _noun(rest[len(middle) :]) != noun:
+            continue
+        if (middle and not set(middle) <= _USAGE_WORDS) or (not noun and not middle):
+            continue
+        if best is None or len(middle) < best[0]:
+            best = (len(middle), family.name)
+    return best[1] if best else None
+
+
+def _resource(
+    families: Mapping[str, Family],
+    labels: Mapping[str, frozenset[str]],
+    prefix: tuple[str, ...],
+    noun: tuple[str, ...],
+    used: str,
+    limit: str,
+) -> Resource | Lookalike:
+    limit_labels, used_labels = labels.get(limit), labels.get(used)
+    if limit_labels is None or used_labels is None:
+        return Lookalike(limit, "limit", f"no series of {limit} or {used} to read labels from")
+    own = limit_labels - {"__name__", "job", "instance", "namespace"}
+    if not own <= used_labels:
+        return Lookalike(limit, "limit", f"{used} lacks the labels {sorted(own - used_labels)} of its limit")
+    queued = [
+        f.name
+        for f in families.values()
+        if f.type == "gauge"
+        and limit_parts(f.name) is None
+        and _queue_of(f.name, labels.get(f.name), prefix, own)
+    ]
+    refused = [
+        f.name
+        for f in families.values()
+        if f.type == "counter" and _work_after(f.name, prefix, _REFUSAL_WORDS)
+    ]
+    noun_text = " ".join(noun) or tokens(limit)[-1]
+    kind = _kind(noun)
+    role = (
+        "process" if kind == "file_descriptors" else "proxy" if queued or prefix[0] in _PROXIES else "server"
+    )
+    queue_text = f"; queue {', '.join(sorted(queued))}" if queued else ""
+    how = f"inferred (gauge {used} with its limit {limit}, by name{queue_text})"
+    return Resource(
+        name=f"{'_'.join(prefix)} {noun_text}",
+        kind=kind,
+        used=used,
+        limit=limit,
+        labels=tuple(sorted(own)),
+        queued=tuple(sorted(queued)),
+        refused=tuple(sorted(refused)),
+        how=how,
+        caveat=CAVEAT,
+        role=role,
+    )
+
+
+def _work_after(name: str, prefix: tuple[str, ...], words: frozenset[str]) -> bool:
+    """``name`` is ``prefix`` then a word of ``words`` with only work nouns after it (HAProxy's
+    ``current_queue``, redis's ``rejected_connections``; not ``lazyfree_pending_objects``)."""
+    parts = tokens(name)
+    if tuple(parts[: len(prefix)]) != prefix:
+        return False
+    rest = parts[len(prefix) :]
+    hits = [index for index, part in enumerate(rest) if part in words]
+    # A CPU's run queue holds tasks, not requests waiting for this resource.
+    return bool(hits) and set(rest[hits[0] + 1 :]) <= _WORK_NOUNS and not (_NOT_COUNTS | {"run"}) & set(rest)
+
+
+def _queue_of(name: str, labels: frozenset[str] | None, prefix: tuple[str, ...], own: frozenset[str]) -> bool:
+    """A queue in front of the resource: of its own prefix, or, since a proxy queues where its
+    scheduler does (HAProxy holds a one-server backend's requests in the backend's queue, not the
+    server's), of the exporter's other prefixes when it shares one of the resource's own labels
+    and has no other (a backend's ``proxy`` beside a server's ``proxy`` and ``server``)."""
+    if _work_after(name, prefix, _QUEUE_WORDS):
+        return True
+    parts = tokens(name)
+    if not own or labels is None or parts[:1] != list(prefix[:1]):
+        return False
+    theirs = labels - {"__name__", "job", "instance", "namespace"}
+    return bool(theirs) and theirs < own and _work_after(name, tuple(parts[:2]), _QUEUE_WORDS)
+
+
+def _kind(noun: tuple[str, ...]) -> str:
+    words = set(noun)
+    if words & {"connections", "clients", "sessions", "backends"}:
+        return "connections"
+    if words & {"fds", "files"}:
+        return "file_descriptors"
+    if words & {"workers", "threads"}:
+        return "workers"
+    return "other"

@@ -1,0 +1,207 @@
+"""What a Prometheus holds, as the rules will read it: the inventory ``diagnose signals`` prints.
+
+For one instant: every signal a catalogued convention or recognition by shape answers, per
+service (the scrape job, or the label a convention maps ``service`` to), with the metric, the unit
+it is read in, the normalised labels and how it was recognised; every resource with a limit; and
+what looks like a request duration or a limit but was not recognised, with the reason. This is
+how a user learns why a rule had no data. It costs one ``group by`` query per present form (a
+command run by hand, not a rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from diagnoser.models import SourceError
+from diagnoser.promql import quote
+from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form, series_names
+from diagnoser.signals.infer import Lookalike, Recognition
+from diagnoser.signals.recognition import recognition
+from diagnoser.signals.resources import Resource
+from diagnoser.signals.shapes import STATUS_LABELS
+from diagnoser.sources.prometheus import PrometheusSource
+
+__all__ = ["Inventory", "Recognised", "Unrecognised", "inventory"]
+
+_UNITS_BY_SCALE = {scale: unit for unit, scale in TIME_UNITS.items()}
+
+
+@dataclass(frozen=True)
+class Recognised:
+    """One signal (or resource) of one service and how it was recognised."""
+
+    service: str
+    signal: str
+    convention: str
+    inferred: bool
+    metric: str
+    unit: str
+    labels: dict[str, str]
+    caveat: str | None = None
+
+
+@dataclass(frozen=True)
+class Unrecognised:
+    service: str
+    metric: str
+    looks_like: str
+    reason: str
+
+
+@dataclass
+class Inventory:
+    recognised: list[Recognised] = field(default_factory=list)
+    unrecognised: list[Unrecognised] = field(default_factory=list)
+    errors: list[SourceError] = field(default_factory=list)
+
+    def services(self) -> list[str]:
+        return sorted({r.service for r in self.recognised} | {u.service for u in self.unrecognised})
+
+
+def _unit(form: Form, catalogue: Catalogue, signal: str) -> str:
+    unit = catalogue.signals[signal].unit
+    if unit != "seconds" or form.scale == 1.0:
+        return unit
+    return f"{_UNITS_BY_SCALE.get(form.scale, f'x{form.scale:g}')}, read as seconds"
+
+
+async def _services(
+    source: PrometheusSource, selector: str, label: str, at: datetime
+) -> list[str] | SourceError:
+    samples = await source.query(f"group by ({label}) ({selector})", at)
+    if isinstance(samples, SourceError):
+        return samples
+    return sorted({s.labels.get(label, "") for s in samples} - {""})
+
+
+def _present_forms(
+    catalogue: Catalogue, conventions: list[Convention], names: set[str]
+) -> list[tuple[Convention, str, Form]]:
+    return [
+        (convention, signal, form)
+        for convention in conventions
+        for signal, form in convention.forms.items()
+        if signal in catalogue.signals and set(series_names(form, catalogue.signals[signal])) <= names
+    ]
+
+
+def _presence(form: Form, histogram: bool) -> str:
+    """The selector of a form's series, status matchers left out: a service that had no 5xx has
+    its errors signal all the same."""
+    kept = tuple(m for m in form.matchers if m[0] not in STATUS_LABELS)
+    return Form(metric=form.metric, matchers=kept).selector("_count" if histogram else "")
+
+
+async def _signal_rows(
+    source: PrometheusSource, catalogue: Catalogue, found: Recognition, names: set[str], at: datetime
+) -> tuple[list[Recognised], list[SourceError]]:
+    inferred = {c.name for c in found.conventions}
+    present = _present_forms(catalogue, [*catalogue.conventions, *found.conventions], names)
+    selectors = [
+        _presence(form, catalogue.signals[signal].type == "histogram") for _, signal, form in present
+    ]
+    answers = await asyncio.gather(
+        *(
+            _services(source, sel, c.source_label("service"), at)
+            for sel, (c, _, _) in zip(selectors, present, strict=True)
+        )
+    )
+    rows: list[Recognised] = []
+    errors: list[SourceError] = []
+    seen: set[tuple[str, str]] = set()
+    for (convention, signal, form), services in zip(present, answers, strict=True):
+        if isinstance(services, SourceError):
+            errors.append(services)
+            continue
+        for service in services:
+            if (service, signal) in seen:  # the first convention in catalogue order answers
+                continue
+            seen.add((service, signal))
+            rows.append(
+                Recognised(
+                    service=service,
+                    signal=signal,
+                    convention=convention.name,
+                    inferred=convention.name in inferred,
+                    metric=form.selector(),
+                    unit=_unit(form, catalogue, signal),
+                    labels=dict(convention.labels),
+                    caveat=form.note,
+                )
+            )
+    return rows, errors
+
+
+async def _resource_rows(
+    source: PrometheusSource, resources: tuple[Resource, ...], at: datetime
+) -> tuple[list[Recognised], list[SourceError]]:
+    answers = await asyncio.gather(*(_services(source, r.used, "job", at) for r in resources))
+    rows: list[Recognised] = []
+    errors: list[SourceError] = []
+    for resource, services in zip(resources, answers, strict=True):
+        if isinstance(services, SourceError):
+            errors.append(services)
+            continue
+        rows.extend(
+            Recognised(
+                service=service,
+                signal=f"resource ({resource.kind}, {resource.role}): {resource.name}",
+                convention=resource.how,
+                inferred=resource.how.startswith("inferred"),
+                metric=f"{resource.used} / {resource.limit}",
+                unit="count",
+                labels={"service": "job", **{label: label for label in resource.labels}},
+                caveat=resource.caveat,
+            )
+            for service in services
+        )
+    return rows, errors
+
+
+async def _unrecognised_rows(
+    source: PrometheusSource, lookalikes: tuple[Lookalike, ...], names: set[str], at: datetime
+) -> tuple[list[Unrecognised], list[SourceError]]:
+    by_series = {
+        name: item for item in lookalikes for name in (item.metric, f"{item.metric}_count") if name in names
+    }
+    if not by_series:
+        return [], []
+    matcher = "{__name__=~" + quote("|".join(sorted(by_series))) + "}"
+    samples = await source.query(f"group by (__name__, job) ({matcher})", at)
+    if isinstance(samples, SourceError):
+        return [], [samples]
+    rows = {
+        (s.labels.get("job", ""), by_series[s.labels.get("__name__", "")].metric): by_series[
+            s.labels["__name__"]
+        ]
+        for s in samples
+        if s.labels.get("__name__") in by_series
+    }
+    return [
+        Unrecognised(service=job, metric=item.metric, looks_like=item.looks_like, reason=item.reason)
+        for (job, _), item in sorted(rows.items())
+    ], []
+
+
+async def inventory(
+    source: PrometheusSource, catalogue: Catalogue, at: datetime, lookback_s: float
+) -> Inventory:
+    """Everything recognised at ``at``; a failing source is an error entry, never an exception."""
+    names = await source.metric_names(at, lookback_s)
+    if isinstance(names, SourceError):
+        return Inventory(errors=[names])
+    found = await recognition(source, catalogue, at, lookback_s)
+    if isinstance(found, SourceError):
+        return Inventory(errors=[found])
+    signals, resources, missed = await asyncio.gather(
+        _signal_rows(source, catalogue, found, names, at),
+        _resource_rows(source, found.resources, at),
+        _unrecognised_rows(source, found.lookalikes, names, at),
+    )
+    return Inventory(
+        recognised=[*signals[0], *resources[0]],
+        unrecognised=missed[0],
+        errors=[*signals[1], *resources[1], *missed[1]],
+    )

@@ -1,0 +1,80 @@
+"""What a Prometheus holds at an instant, recognised once and shared by every rule.
+
+:func:`recognition` asks the source for the metric names (the list every signal check already
+shares), ``/api/v1/metadata``, and then, only for the few families recognition needs to look at,
+one instant query for a series' labels per family and, for histograms without a unit, one for
+their bucket bounds. The result is kept by the source for the instant, so rules never pay a round
+trip of their own. A metadata endpoint that fails or answers nothing (VictoriaMetrics, backfilled
+data) leaves recognition to the names; a failing query leaves the families it was about
+unrecognised (listed as look-alikes), never the rule failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable
+from datetime import datetime
+
+from diagnoser.models import SourceError
+from diagnoser.promql import quote
+from diagnoser.signals.catalogue import Catalogue
+from diagnoser.signals.infer import Recognition, candidate_series, recognise, unitless_histograms
+from diagnoser.signals.shapes import families_of
+from diagnoser.sources.prometheus import PrometheusSource
+
+__all__ = ["recognition"]
+
+
+def _name_matcher(names: Iterable[str]) -> str:
+    """``{__name__=~"a|b"}`` for metric names (which have no regex metacharacters but ``:``)."""
+    return "{__name__=~" + quote("|".join(sorted(names))) + "}"
+
+
+async def _label_sets(source: PrometheusSource, names: list[str], at: datetime) -> dict[str, frozenset[str]]:
+    if not names:
+        return {}
+    samples = await source.query(f"topk by (__name__) (1, {_name_matcher(names)})", at)
+    if isinstance(samples, SourceError):
+        return {}
+    return {s.labels.get("__name__", ""): frozenset(s.labels) - {"__name__"} for s in samples}
+
+
+async def _bucket_bounds(source: PrometheusSource, names: list[str], at: datetime) -> dict[str, float]:
+    if not names:
+        return {}
+    samples = await source.query(f"group by (__name__, le) ({_name_matcher(names)})", at)
+    if isinstance(samples, SourceError):
+        return {}
+    bounds: dict[str, float] = {}
+    for sample in samples:
+        try:
+            bound = float(sample.labels.get("le", "nan"))
+        except ValueError:
+            continue
+        name = sample.labels.get("__name__", "")
+        if math.isfinite(bound):
+            bounds[name] = max(bound, bounds.get(name, bound))
+    return bounds
+
+
+async def recognition(
+    source: PrometheusSource, catalogue: Catalogue, at: datetime, lookback_s: float
+) -> Recognition | SourceError:
+    """The recognised signals and resources of the instant ``at`` (shared by every caller)."""
+
+    async def ask() -> Recognition | SourceError:
+        # Two round trips, each of independent calls: what exists, then what the candidates are.
+        names, metadata = await asyncio.gather(source.metric_names(at, lookback_s), source.metadata(at))
+        if isinstance(names, SourceError):
+            return names
+        described = {} if isinstance(metadata, SourceError) else metadata
+        wanted = candidate_series(names, described, catalogue)
+        families = families_of(names, described)
+        durations = {n: f for n, f in families.items() if f"{n}_count" in wanted}
+        labels, bounds = await asyncio.gather(
+            _label_sets(source, wanted, at), _bucket_bounds(source, unitless_histograms(durations), at)
+        )
+        return recognise(names, described, labels, catalogue, bounds)
+
+    return await source.shared(("recognition", at.timestamp(), lookback_s, id(catalogue)), ask)

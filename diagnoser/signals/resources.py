@@ -1,0 +1,166 @@
+"""Resources with a limit (the USE method's subjects): what is used, its limit, its queue, its refusals.
+
+A resource is a gauge of what is in use and the limit it may reach (a server's connections and
+its ``max_connections``, a proxy's sessions to a server and the server line's ``maxconn``, a
+process' open file descriptors and their maximum), with the gauges of work waiting for it and the
+counters of work it refused. Resources come from the catalogue's ``resources:`` sections, for
+exporters whose names no shape gives away (PostgreSQL's ``pg_stat_activity_count`` against
+``pg_settings_max_connections``)::
+
+    resources:
+      - name: postgres-exporter
+        title: PostgreSQL connections (prometheus-community postgres_exporter)
+        resource: postgresql connections
+        kind: connections
+        role: server
+        used: pg_stat_activity_count
+        limit: pg_settings_max_connections - pg_settings_superuser_reserved_connections
+        labels: [server]
+
+and from recognition by shape (:mod:`diagnoser.signals.infer`). :func:`resource_query` writes the
+PromQL of one measure of one resource: every series summed to the resource's labels (the target's
+``namespace``, ``job``, ``instance`` and its own, such as HAProxy's ``proxy`` and ``server``),
+ratios over the limit's answer, and a window read as a subquery so that a gauge that touches its
+limit between two scrapes' churn still counts at its peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diagnoser.promql import format_number, metric_names, parse, quote
+
+__all__ = ["MEASURES", "Measure", "Resource", "ResourceSpec", "resource_from_spec", "resource_query"]
+
+Measure = Literal["peak", "at_limit", "limit", "used", "queued", "queued_peak", "refused", "pressure"]
+MEASURES: tuple[Measure, ...] = (
+    "peak",
+    "at_limit",
+    "limit",
+    "used",
+    "queued",
+    "queued_peak",
+    "refused",
+    "pressure",
+)
+TARGET_LABELS = ("namespace", "job", "instance")
+
+
+class ResourceSpec(BaseModel):
+    """A ``resources:`` entry of a catalogue file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    title: str
+    #: What the finding calls it (``postgresql connections``).
+    resource: str
+    kind: Literal["connections", "file_descriptors", "workers", "other"]
+    #: ``server`` (a server's own limit), ``proxy`` (a proxy's limit towards a server) or ``pool``.
+    role: Literal["server", "proxy", "pool", "process"] = "server"
+    used: str
+    limit: str
+    labels: list[str] = Field(default_factory=list)
+    queued: list[str] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kind of resource as a Prometheus holds it: PromQL for its use, limit, queue, refusals."""
+
+    name: str
+    kind: str
+    used: str
+    limit: str
+    #: The resource's own labels, beyond the target's (``proxy``, ``server``).
+    labels: tuple[str, ...] = ()
+    queued: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+    #: The catalogue entry's name, or ``inferred (...)`` saying how it was recognised.
+    how: str = ""
+    caveat: str | None = None
+    role: str = "server"
+
+    @property
+    def required(self) -> frozenset[str]:
+        """Metric names that must exist for this resource to be present."""
+        return metric_names(self.used) | metric_names(self.limit)
+
+    @property
+    def grouping(self) -> tuple[str, ...]:
+        return (*TARGET_LABELS, *self.labels)
+
+
+def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
+    """A catalogued resource; ``ValueError`` naming ``where`` when its PromQL does not parse."""
+    for text in (spec.used, spec.limit, *spec.queued, *spec.refused):
+        try:
+            parse(text)
+        except Exception as exc:  # the parser's own error types
+            raise ValueError(f"{where}: {text!r} is not PromQL ({exc})") from exc
+    return Resource(
+        name=spec.resource,
+        kind=spec.kind,
+        used=spec.used,
+        limit=spec.limit,
+        labels=tuple(spec.labels),
+        queued=tuple(spec.queued),
+        refused=tuple(spec.refused),
+        how=spec.name,
+        caveat=spec.note,
+        role=spec.role,
+    )
+
+
+def _by(resource: Resource) -> str:
+    return f"by ({', '.join(resource.grouping)})"
+
+
+def _names(names: tuple[str, ...]) -> str:
+    """One selector of several metrics (``{__name__=~"a|b"}``); metric names hold no metacharacters."""
+    if len(names) == 1:
+        return names[0]
+    return "{__name__=~" + quote("|".join(names)) + "}"
+
+
+def resource_query(
+    resource: Resource, measure: Measure, window: str, resolution: str, near: float
+) -> str | None:
+    """The PromQL of ``measure`` over ``window`` for ``resource``; ``None`` when it has no such series.
+
+    ``peak`` and ``at_limit`` are ratios to the limit (the highest, and the share of the window's
+    steps at ``near`` or above); ``queued`` is the mean waiting, ``queued_peak`` the most;
+    ``refused`` refusals per second; ``pressure`` either, where above 0. Queues and refusals of
+    several series are summed per label set they have: a backend's queue (no ``server`` label)
+    stays beside a server's.
+    """
+    if measure == "pressure":
+        # Work waiting for the resource or refused by it, whichever the resource has.
+        parts = [resource_query(resource, part, window, resolution, near) for part in ("queued", "refused")]
+        found = [f"({part} > 0)" for part in parts if part is not None]
+        return " or ".join(found) or None
+    by = _by(resource)
+    used = f"sum {by} ({resource.used})"
+    limit = f"(max {by} ({resource.limit}) > 0)"
+    ranged = f"[{window}:{resolution}]"
+    if measure == "peak":
+        return f"max_over_time(({used} / {limit}){ranged})"
+    if measure == "at_limit":
+        return f"avg_over_time(({used} / {limit} >= bool {format_number(near)}){ranged})"
+    if measure == "limit":
+        return limit
+    if measure == "used":
+        return f"max_over_time(({used}){ranged})"
+    if measure in ("queued", "queued_peak"):
+        if not resource.queued:
+            return None
+        function = "avg_over_time" if measure == "queued" else "max_over_time"
+        return f"{function}((sum {by} ({_names(resource.queued)})){ranged})"
+    if not resource.refused:
+        return None
+    return f"sum {by} (rate({_names(resource.refused)}[{window}]))"

@@ -1,0 +1,172 @@
+"""What a metric family is, from its series' names, its labels and (where served) its metadata.
+
+Pure functions over names and label sets, used by :mod:`diagnoser.signals.infer`: families are
+grouped from series names (``x_bucket`` with ``x_count`` and ``x_sum`` is a histogram, ``x_count``
+with ``x_sum`` a summary, ``x_total`` a counter), typed by ``/api/v1/metadata`` when Prometheus has
+it for the family, and their names split into tokens to read what they measure (a time unit, a
+client or server side, a limit, a queue, refusals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "CLIENT_TOKENS",
+    "PEER_LABELS",
+    "STATUS_LABELS",
+    "Family",
+    "families_of",
+    "limit_parts",
+    "time_unit",
+    "tokens",
+]
+
+#: Labels that carry an HTTP or RPC status.
+STATUS_LABELS = (
+    "http_response_status_code",
+    "http_status_code",
+    "status_code",
+    "response_code",
+    "code",
+    "status",
+)
+#: Labels that name the other end of a client call, in the order preferred as ``peer``.
+PEER_LABELS = ("server_address", "net_peer_name", "net_peer_address", "peer_service", "db_system", "host")
+CLIENT_TOKENS = frozenset({"client", "outbound", "upstream", "egress"})
+_SERVER_TOKENS = frozenset({"server", "handler", "inbound"})
+_REQUEST_TOKENS = frozenset({"http", "request", "requests", "rpc", "grpc", "api", "handler", "route"})
+_DURATION_TOKENS = frozenset({"duration", "latency", "time", "seconds", "milliseconds", "ms"})
+_TIME_SUFFIXES = {
+    "seconds": "seconds",
+    "milliseconds": "milliseconds",
+    "ms": "milliseconds",
+    "microseconds": "microseconds",
+    "us": "microseconds",
+    "nanoseconds": "nanoseconds",
+    "ns": "nanoseconds",
+}
+#: Metadata units (OpenMetrics ``# UNIT``, OTel's UCUM) for time.
+_METADATA_UNITS = {
+    "s": "seconds",
+    "seconds": "seconds",
+    "ms": "milliseconds",
+    "milliseconds": "milliseconds",
+    "us": "microseconds",
+    "microseconds": "microseconds",
+    "ns": "nanoseconds",
+}
+#: Words before a noun that make a limit (``limit_sessions``, ``max_fds``), most specific first:
+#: HAProxy's ``max_sessions`` is the highest count seen, its ``limit_sessions`` the configured one.
+LIMIT_WORDS = ("limit", "capacity", "max", "size")
+_FUSED_LIMITS = {
+    "maxconn": "connections",
+    "maxconns": "connections",
+    "maxclients": "clients",
+    "maxsessions": "sessions",
+    "maxconnections": "connections",
+}
+#: Words in a limit's prefix that say where it is configured (``redis_config_maxclients``).
+_CONFIG_WORDS = frozenset({"config", "configured", "settings", "spec"})
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its name, type, unit and help, and where each came from."""
+
+    name: str
+    type: str
+    #: ``metadata`` when Prometheus described it, else ``name`` (read from the series' names).
+    typed_by: str
+    unit: str = ""
+    help: str = ""
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        if self.type == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_count", f"{self.name}_sum")
+        if self.type == "summary":
+            return (self.name, f"{self.name}_count", f"{self.name}_sum")
+        return (self.name,)
+
+
+def tokens(name: str) -> list[str]:
+    return [part for part in name.lower().split("_") if part]
+
+
+def families_of(names: Iterable[str], metadata: Mapping[str, Mapping[str, str]]) -> dict[str, Family]:
+    """Every family the series names make up; ``metadata`` (family -> type, unit, help) refines."""
+    present = set(names)
+    families: dict[str, Family] = {}
+    grouped: set[str] = set()
+    for name in sorted(present):
+        if name.endswith("_count") and f"{name[:-6]}_sum" in present:
+            base = name[:-6]
+            shape = "histogram" if f"{base}_bucket" in present else "summary"
+            families[base] = _family(base, shape, metadata)
+            grouped.update((name, f"{base}_sum", f"{base}_bucket"))
+    for name in sorted(present - grouped):
+        if name in families:
+            continue
+        shape = "counter" if name.endswith("_total") else "gauge"
+        family = _family(name.removesuffix("_total") if shape == "counter" else name, shape, metadata)
+        families[name] = Family(name, family.type, family.typed_by, family.unit, family.help)
+    return families
+
+
+def _family(name: str, shape: str, metadata: Mapping[str, Mapping[str, str]]) -> Family:
+    meta = metadata.get(name) or {}
+    kind = str(meta.get("type") or "")
+    if kind in ("histogram", "summary", "counter", "gauge"):
+        return Family(name, kind, "metadata", str(meta.get("unit") or ""), str(meta.get("help") or ""))
+    return Family(name, shape, "name")
+
+
+def time_unit(family: Family) -> tuple[str | None, str]:
+    """The family's time unit and how it is known (``metadata``, ``name``), or ``None``."""
+    unit = _METADATA_UNITS.get(family.unit.lower()) if family.unit else None
+    if unit:
+        return unit, "metadata"
+    parts = tokens(family.name)
+    if parts and parts[-1] in _TIME_SUFFIXES:
+        return _TIME_SUFFIXES[parts[-1]], "name"
+    return None, ""
+
+
+def is_duration(family: Family) -> bool:
+    """A histogram or summary whose name or unit says it times something."""
+    if family.type not in ("histogram", "summary"):
+        return False
+    return time_unit(family)[0] is not None or bool(_DURATION_TOKENS & set(tokens(family.name)))
+
+
+def side(family: Family, labels: frozenset[str]) -> str | None:
+    """``server`` or ``client`` for a request duration, ``None`` when it is no request's."""
+    parts = set(tokens(family.name))
+    if parts & CLIENT_TOKENS:
+        return "client"
+    if parts & _SERVER_TOKENS:
+        return "server"
+    if any(label in labels for label in PEER_LABELS[:4]):
+        return "client"
+    return "server" if parts & _REQUEST_TOKENS else None
+
+
+def limit_parts(name: str) -> tuple[tuple[str, ...], str, tuple[str, ...]] | None:
+    """``(prefix, limit word, noun)`` of a limit's name (``haproxy_server_limit_sessions`` ->
+    ``(("haproxy", "server"), "limit", ("sessions",))``), or ``None`` for any other name."""
+    parts = tokens(name)
+    for index, part in enumerate(parts):
+        if part in _FUSED_LIMITS:
+            noun: tuple[str, ...] = (_FUSED_LIMITS[part],)
+            word = "max"
+        elif part in LIMIT_WORDS and index > 0:
+            noun, word = tuple(parts[index + 1 :]), part
+        else:
+            continue
+        prefix = list(parts[:index])
+        while prefix and prefix[-1] in _CONFIG_WORDS:
+            prefix.pop()
+        return (tuple(prefix), word, noun) if prefix else None
+    return None

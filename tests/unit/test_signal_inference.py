@@ -1,0 +1,257 @@
+"""Recognition by shape: families no convention claims, read from names, labels and metadata.
+
+Table-driven over the shapes real exporters have (HAProxy, redis_exporter, memcached_exporter,
+client_python's process collector, Spring Boot's Micrometer HTTP histogram, OTel JS without unit
+suffixes), each as the names and label sets a Prometheus holds for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnoser.signals import load_catalogue
+from diagnoser.signals.infer import CAVEAT, Recognition, candidate_series, recognise
+from diagnoser.signals.resources import resource_query
+
+TARGET = frozenset({"job", "instance"})
+
+
+def _labels(**families: tuple[str, ...]) -> dict[str, frozenset[str]]:
+    return {name: TARGET | set(labels) for name, labels in families.items()}
+
+
+def _recognise(
+    labels: dict[str, frozenset[str]],
+    metadata: dict[str, dict[str, str]] | None = None,
+    bounds: dict[str, float] | None = None,
+    catalogue_files: tuple[Path, ...] = (),
+) -> Recognition:
+    return recognise(set(labels), metadata or {}, labels, load_catalogue(catalogue_files), bounds)
+
+
+def test_haproxy_server_sessions_pair_with_the_configured_limit_not_the_highest_seen() -> None:
+    found = _recognise(
+        _labels(
+            haproxy_server_current_sessions=("proxy", "server"),
+            haproxy_server_limit_sessions=("proxy", "server"),
+            haproxy_server_max_sessions=("proxy", "server"),
+            haproxy_server_current_queue=("proxy", "server"),
+            haproxy_server_max_queue=("proxy", "server"),
+            haproxy_backend_current_queue=("proxy",),
+            haproxy_process_current_run_queue=(),
+        )
+    )
+    [resource] = [r for r in found.resources if r.name == "haproxy_server sessions"]
+    assert (resource.used, resource.limit) == (
+        "haproxy_server_current_sessions",
+        "haproxy_server_limit_sessions",
+    )
+    assert (
+        resource.labels == ("proxy", "server") and resource.role == "proxy" and resource.kind == "connections"
+    )
+    # The backend holds the queue of a one-server backend; the process run queue is no request's.
+    assert resource.queued == ("haproxy_backend_current_queue", "haproxy_server_current_queue")
+    assert resource.how.startswith("inferred (gauge haproxy_server_current_sessions with its limit")
+    assert resource.caveat == CAVEAT
+    assert not [r for r in found.resources if "queue" in r.name]
+
+
+@pytest.mark.parametrize(
+    ("labels", "name", "used", "limit", "refused", "kind"),
+    [
+        (
+            _labels(
+                redis_connected_clients=(),
+                redis_config_maxclients=(),
+                redis_rejected_connections_total=(),
+                redis_commands_rejected_calls_total=("cmd",),
+                redis_lazyfree_pending_objects=(),
+            ),
+            "redis clients",
+            "redis_connected_clients",
+            "redis_config_maxclients",
+            ("redis_rejected_connections_total",),
+            "connections",
+        ),
+        (
+            _labels(
+                memcached_current_connections=(),
+                memcached_max_connections=(),
+                memcached_connections_rejected_total=(),
+            ),
+            "memcached connections",
+            "memcached_current_connections",
+            "memcached_max_connections",
+            ("memcached_connections_rejected_total",),
+            "connections",
+        ),
+        (
+            _labels(process_open_fds=(), process_max_fds=()),
+            "process fds",
+            "process_open_fds",
+            "process_max_fds",
+            (),
+            "file_descriptors",
+        ),
+    ],
+    ids=["redis", "memcached", "process-fds"],
+)
+def test_a_gauge_beside_its_limit_is_a_resource(
+    labels: dict[str, frozenset[str]], name: str, used: str, limit: str, refused: tuple[str, ...], kind: str
+) -> None:
+    [resource] = [r for r in _recognise(labels).resources if r.name == name]
+    assert (resource.used, resource.limit, resource.refused, resource.kind) == (used, limit, refused, kind)
+    assert resource.queued == ()
+
+
+def test_limits_of_bytes_or_rates_and_limits_without_a_sibling_are_no_resources() -> None:
+    found = _recognise(
+        _labels(
+            container_memory_usage_bytes=(),
+            container_spec_memory_limit_bytes=(),
+            haproxy_process_current_connection_rate=(),
+            haproxy_process_limit_connection_rate=(),
+            pgbouncer_config_max_client_connections=(),
+        )
+    )
+    assert found.resources == ()
+    assert [(m.metric, m.looks_like) for m in found.lookalikes] == [
+        ("pgbouncer_config_max_client_connections", "limit")
+    ]
+
+
+def test_a_limit_whose_gauge_lacks_its_labels_is_listed_not_used() -> None:
+    found = _recognise(_labels(widget_current_sessions=(), widget_limit_sessions=("backend",)))
+    assert found.resources == ()
+    [missed] = found.lookalikes
+    assert "lacks the labels ['backend']" in missed.reason
+
+
+def test_an_uncatalogued_server_histogram_with_a_status_label_gives_http_signals() -> None:
+    # Spring Boot / Micrometer: http_server_requests_seconds{status, uri}, no metadata (backfilled).
+    labels = _labels(
+        http_server_requests_seconds_count=("status", "uri", "method"),
+        http_server_requests_seconds_bucket=("status", "uri", "le"),
+        http_server_requests_seconds_sum=("status", "uri"),
+    )
+    [convention] = _recognise(labels).conventions
+    assert convention.name == (
+        "inferred (histogram http_server_requests_seconds, server side, status label status, seconds from its name)"
+    )
+    assert convention.labels == {"service": "job", "route": "uri"}
+    errors = convention.forms["http.server.errors"]
+    assert (errors.metric, errors.matchers) == (
+        "http_server_requests_seconds_count",
+        (("status", "=~", "5.."),),
+    )
+    assert convention.forms["http.server.duration"].scale == 1.0
+    assert CAVEAT in str(convention.forms["http.server.duration"].note)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "bounds", "unit_said", "scale"),
+    [
+        (
+            {},
+            {"http_server_duration_bucket": 10000.0},
+            "milliseconds from its bucket bounds (up to 10000)",
+            1e-3,
+        ),
+        ({}, {"http_server_duration_bucket": 10.0}, "seconds from its bucket bounds (up to 10)", 1.0),
+        ({}, {}, "seconds assumed (no unit in metadata, name or buckets)", 1.0),
+        (
+            {"http_server_duration": {"type": "histogram", "unit": "ms", "help": ""}},
+            {},
+            "milliseconds from its metadata",
+            1e-3,
+        ),
+    ],
+    ids=["ms-buckets", "s-buckets", "assumed", "metadata"],
+)
+def test_a_duration_without_a_unit_in_its_name_says_where_its_unit_came_from(
+    metadata: dict[str, dict[str, str]], bounds: dict[str, float], unit_said: str, scale: float
+) -> None:
+    # OpenTelemetry JS's Prometheus exporter adds no unit suffix: http_server_duration in ms.
+    labels = _labels(
+        http_server_duration_count=("http_status_code",),
+        http_server_duration_bucket=("le",),
+        http_server_duration_sum=(),
+    )
+    [convention] = _recognise(labels, metadata, bounds).conventions
+    assert convention.name.endswith(f"status label http_status_code, {unit_said})")
+    assert convention.forms["http.server.duration"].scale == scale
+
+
+def test_a_server_duration_without_status_is_a_lookalike_and_a_catalogued_one_is_left_alone() -> None:
+    labels = _labels(
+        http_request_duration_highr_seconds_count=(),
+        http_request_duration_highr_seconds_bucket=("le",),
+        http_request_duration_highr_seconds_sum=(),
+        http_server_request_duration_seconds_count=("http_response_status_code",),
+        http_server_request_duration_seconds_bucket=("le",),
+        http_server_request_duration_seconds_sum=(),
+    )
+    found = _recognise(labels)
+    assert found.conventions == ()
+    assert [(m.metric, m.looks_like) for m in found.lookalikes] == [
+        ("http_request_duration_highr_seconds", "server duration")
+    ]
+
+
+def test_metadata_types_a_family_whose_name_does_not(tmp_path: Path) -> None:
+    # A summary by metadata: _count and _sum without buckets, named as any family.
+    labels = _labels(api_request_latency_count=("code",), api_request_latency_sum=("code",))
+    metadata = {"api_request_latency": {"type": "summary", "unit": "", "help": "API latency."}}
+    [convention] = _recognise(labels, metadata).conventions
+    assert convention.name.startswith("inferred (summary api_request_latency, server side, status label code")
+
+
+def test_a_client_duration_with_a_peer_label_gives_the_dependency_signal_where_defined(
+    tmp_path: Path,
+) -> None:
+    labels = _labels(
+        http_client_request_duration_seconds_count=("server_address", "http_response_status_code"),
+        http_client_request_duration_seconds_bucket=("le",),
+        http_client_request_duration_seconds_sum=(),
+    )
+    missing = _recognise(labels)
+    assert missing.conventions == ()
+    assert missing.lookalikes[0].reason == "no dependency.duration signal in the catalogue"
+    extra = tmp_path / "dependencies.yaml"
+    extra.write_text("signals:\n  dependency.duration: {type: histogram, unit: seconds}\n")
+    [convention] = _recognise(labels, catalogue_files=(extra,)).conventions
+    assert convention.labels == {"service": "job", "peer": "server_address"}
+    assert set(convention.forms) == {"dependency.duration"}
+
+
+def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None:
+    names = {
+        "http_server_requests_seconds_count",
+        "http_server_requests_seconds_sum",
+        "http_server_requests_seconds_bucket",
+        "http_server_request_duration_seconds_count",
+        "http_server_request_duration_seconds_sum",
+        "http_server_request_duration_seconds_bucket",
+        "redis_connected_clients",
+        "redis_config_maxclients",
+        "go_goroutines",
+        "up",
+    }
+    assert candidate_series(names, {}, load_catalogue()) == [
+        "http_server_requests_seconds_count",
+        "redis_config_maxclients",
+        "redis_connected_clients",
+    ]
+
+
+def test_resource_queries_read_the_peak_between_scrapes_and_sum_to_the_resource_labels() -> None:
+    [resource] = [r for r in load_catalogue().resources if r.how == "postgres-exporter"]
+    by = "by (namespace, job, instance, server)"
+    assert resource_query(resource, "peak", "2m", "15s", 0.95) == (
+        f"max_over_time((sum {by} (pg_stat_activity_count) / (max {by} "
+        "(pg_settings_max_connections - pg_settings_superuser_reserved_connections) > 0))[2m:15s])"
+    )
+    assert resource_query(resource, "queued", "2m", "15s", 0.95) is None
+    assert resource_query(resource, "pressure", "2m", "15s", 0.95) is None
