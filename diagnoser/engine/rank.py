@@ -95,16 +95,19 @@ def unavailable_findings(errors: list[SourceError], settings: Settings) -> list[
 def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Most important first: causes that explain an active symptom, symptoms, other causes; info last.
 
-    Among causes that explain a symptom, one on the same service (namespace and job) as an
-    active symptom comes before one elsewhere; then by severity, then by rule id for stability.
+    Among causes that explain a symptom, one that also explains another cause present comes
+    first (it is upstream of it); then one on the same service (namespace and job) as an active
+    symptom before one elsewhere; then by severity, then by rule id for stability.
     """
     findings = list(findings)
     symptoms = [f for f in findings if f.kind == "symptom" and f.is_actionable]
     active = {f.cause for f in symptoms}
     services = {_service(f) for f in symptoms} - {("", "")}
+    active_causes = {f.cause for f in findings if f.kind == "cause" and f.is_actionable}
 
-    def key(finding: Finding) -> tuple[bool, int, int, int, str]:
-        if finding.kind == "cause" and active.intersection(finding.explains):
+    def key(finding: Finding) -> tuple[bool, int, int, int, int, str]:
+        upstream = finding.kind == "cause" and bool(active_causes.intersection(finding.explains))
+        if finding.kind == "cause" and (upstream or active.intersection(finding.explains)):
             group = 0
         elif finding.kind == "symptom":
             group = 1
@@ -114,6 +117,10 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
         return (
             finding.severity == Severity.info,
             group,
+            # A cause that explains another present cause (a database at its connection limit,
+            # the 503s a client service sheds because of it) is the root: it comes first, even
+            # from another service.
+            0 if upstream else 1,
             same_service,
             -finding.severity.rank,
             finding.rule_id,

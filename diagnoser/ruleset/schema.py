@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from diagnoser.checks import CheckKind
 from diagnoser.errors import RuleProblem
-from diagnoser.models import SYMPTOMS, Severity
+from diagnoser.models import CAUSES, SYMPTOMS, Severity
 from diagnoser.ruleset.expressions import ExpressionError, parse_expression
 from diagnoser.ruleset.templating import resolve_placeholders, variables_for
 
@@ -61,9 +61,12 @@ class RuleFile(BaseModel):
     @field_validator("explains")
     @classmethod
     def _known_symptoms(cls, value: list[str]) -> list[str]:
-        unknown = sorted(set(value) - SYMPTOMS)
+        """Symptoms, or causes this one is upstream of (a pool that times out explains the 503s)."""
+        unknown = sorted(set(value) - SYMPTOMS - CAUSES)
         if unknown:
-            raise ValueError(f"unknown symptom(s) {unknown}; known: {sorted(SYMPTOMS)}")
+            raise ValueError(
+                f"unknown symptom(s) or cause(s) {unknown}; known symptoms: {sorted(SYMPTOMS)}"
+            )
         return value
 
     @field_validator("require")

@@ -77,6 +77,8 @@ def test_postgresql_at_max_connections_is_named_with_its_limit(prometheus_url: s
     code, findings = _diagnose(prometheus_url, _incident(0))
     assert code == 1
     finding = _only(findings, "resources/server-connection-limit-slo")
+    # The service's 503s are the database's refusals: the database is named first, above them.
+    assert findings[0]["rule_id"] == "resources/server-connection-limit-slo", [f["rule_id"] for f in findings]
     assert finding["cause"] == "connection_limit_reached"
     # max_connections 20 less 3 reserved for superusers: 17 for the service's role.
     assert "postgresql connections (server=" in str(finding["title"])

@@ -160,6 +160,8 @@ def test_the_node_pg_pool_exhaustion_is_sized_by_littles_law(recorded: tuple[str
     assert isinstance(findings, list)
     pools = [f for f in findings if f["cause"] == "connection_pool_exhaustion"]
     assert [f["rule_id"] for f in pools] == ["pools/pool-exhaustion"], [f["summary"] for f in findings]
+    # The pool's timeouts are the 503s the service sheds: the pool is named first, above them.
+    assert findings[0]["rule_id"] == "pools/pool-exhaustion", [f["rule_id"] for f in findings]
     finding = pools[0]
     assert finding["evidence"][0]["convention"] == "otel-semconv"
     assert "100% of 5 connections in use" in str(finding["summary"])

@@ -170,3 +170,15 @@ def test_ranking_prefers_the_cause_on_the_same_service_as_the_symptom() -> None:
     same = _finding("b/pool", "connection_pool_exhaustion", explains=["latency_slo_breach"])
     same.labels = {"namespace": "shop", "job": "checkout", "pool": "orders"}
     assert [f.rule_id for f in rank_findings([elsewhere, symptom, same])] == ["b/pool", "a/pool", "h/lat"]
+
+
+def test_ranking_puts_the_cause_upstream_of_another_cause_first_even_from_another_service() -> None:
+    symptom = _finding("h/err", "error_rate_breach", kind="symptom")
+    symptom.labels = {"job": "orders"}
+    shedding = _finding("http/shed", "load_shedding", explains=["error_rate_breach"])
+    shedding.labels = {"job": "orders"}
+    database = _finding("resources/limit", "connection_limit_reached", severity="warning",
+                        explains=["error_rate_breach", "load_shedding"])
+    database.labels = {"job": "postgres"}
+    ranked = rank_findings([shedding, symptom, database])
+    assert [f.rule_id for f in ranked] == ["resources/limit", "http/shed", "h/err"]
