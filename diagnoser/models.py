@@ -130,11 +130,17 @@ class Evidence(BaseModel):
         parts = [self.detail or "", f"via {self.convention}" if self.convention else "", self.caveat or ""]
         return "; ".join(part for part in parts if part)
 
-    def line(self, omit: Mapping[str, str] | None = None) -> str:
+    def short(self, said: str = "") -> str:
+        """:meth:`line` without labels nor source (``waiting: 30 requests waiting for a connection
+        (threshold 0)``)."""
+        return self.line(self.labels, said, source=False)
+
+    def line(self, omit: Mapping[str, str] | None = None, said: str = "", *, source: bool = True) -> str:
         """One readable line: what it measures, the value with its unit, the threshold, what tells it apart.
 
         ``waiting: 139.5 requests waiting for a connection (threshold 0) · pool feature-store``;
-        labels equal to ``omit``'s (the finding's own) are left out, as they are said already.
+        labels equal to ``omit``'s (the finding's own) and a detail ``said`` already holds (the
+        finding's summary) are left out.
         """
         unit = evidence_unit(self)
         name = self.name or ""
@@ -142,11 +148,15 @@ class Evidence(BaseModel):
             if name.endswith(suffix) and name not in _EVIDENCE_NAMES:
                 name = name.removesuffix(suffix)
                 break
-        what = _EVIDENCE_NAMES.get(name, name.replace("_", " "))
+        what = _EVIDENCE_NAMES.get(name, name.replace("_", " ")) or _field_name(self)
         parts: list[str] = []
         if self.value is not None:
             value = format_measure(self.value, unit)
-            phrase = self.detail if self.detail and len(self.detail) <= 60 and "\n" not in self.detail else ""
+            # A short wordy detail says what the value counts ("requests waiting for a connection");
+            # one with numbers of its own is a note, after it.
+            detail = self.detail or ""
+            wordy = 0 < len(detail) <= 60 and not any(c.isdigit() or c == "\n" for c in detail)
+            phrase = self.detail if wordy else ""
             parts.append(f"{value} {phrase}".rstrip())
             if self.threshold is not None:
                 parts.append(f"(threshold {format_measure(self.threshold, unit)})")
@@ -158,9 +168,9 @@ class Evidence(BaseModel):
             text += " · " + ", ".join(f"{k} {v}" for k, v in shown.items())
         extra = [f"via {self.convention}" if self.convention else "", self.caveat or ""]
         if self.value is not None and self.detail and not parts[0].endswith(self.detail):
-            extra.insert(0, self.detail)
+            extra.insert(0, "" if self.detail in said else self.detail)
         extra = [e for e in extra if e]
-        return text + (f" ({'; '.join(extra)})" if extra else "") + f" [{self.source}]"
+        return text + (f" ({'; '.join(extra)})" if extra else "") + (f" [{self.source}]" if source else "")
 
     @field_serializer("value", "threshold")
     def _json_safe(self, value: float | None) -> float | None:
@@ -188,21 +198,45 @@ def evidence_unit(row: Evidence) -> str:
     for suffix, unit in _NAME_UNITS:
         if (row.name or "").endswith(suffix):
             return unit
-    if row.source != "prometheus" or not row.query:
-        return ""
     shares = row.threshold is not None and 0 < row.threshold <= 1 and 0 <= (row.value or 0) <= 1.5
     ratio = "ratio" if "/" in row.query and shares else ""  # a share against a share: a part over a whole
+    if row.source != "prometheus" or not row.query:
+        # A probe field (``latency_ms.p99``) or another source's named field.
+        fields = [t.split(".")[0] for t in row.query.replace("/", " ").split()]
+        found = {unit for f in fields for suffix, unit in _NAME_UNITS if f.endswith(suffix)}
+        return found.pop() if len(found) == 1 else ratio
     try:
         from diagnoser.promql.syntax import metric_names
 
         names = metric_names(row.query)
     except Exception:  # not PromQL (a signal template): no unit known
         return ratio
-    bases = [name.removesuffix("_total") for name in names]
+    bases = [_base_name(name) for name in names]
     units = {unit for base in bases for suffix, unit in _NAME_UNITS if base.endswith(suffix)}
+    if "histogram_quantile" in row.query:
+        return units.pop() if len(units) == 1 else ""
     if "rate(" in row.query or "increase(" in row.query:
         return "/s" if not units else ""
     return units.pop() if len(units) == 1 else ratio
+
+
+def _base_name(name: str) -> str:
+    """A metric's name without the suffixes of a counter or a histogram's series."""
+    for suffix in ("_total", "_bucket", "_sum", "_count"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _field_name(row: Evidence) -> str:
+    """``latency p99`` for a probe's ``latency_ms.p99``: what a row measures when it has no name."""
+    if row.source == "prometheus":
+        return ""
+    tokens = row.query.split()
+    field = next((t for t in tokens if t.count(".") == 1 and t.replace(".", "_").isidentifier()), "")
+    base, _, part = field.partition(".")
+    for suffix, _unit in _NAME_UNITS:
+        base = base.removesuffix(suffix)
+    return f"{base} {part}".replace("_", " ").strip()
 
 
 def format_measure(value: float, unit: str) -> str:

@@ -24,11 +24,12 @@ says where it went. ::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from sqlite3 import Connection
 
-from diagnoser.daemon.incidents import Group, IncidentPolicy, service_of
+from diagnoser.daemon.incidents import Group, IncidentPolicy, group_findings, same_scope, service_of
+from diagnoser.models import Finding
 from diagnoser.notify.incident_render import duration_text
 from diagnoser.notify.payloads import (
     DigestPayload,
@@ -69,6 +70,7 @@ class _Row:
     last_reply_at: float | None
     last_notified: float | None
     landed: int
+    last_edit_at: float | None = None
 
     @classmethod
     def load(cls, row: tuple[object, ...]) -> _Row:
@@ -83,6 +85,7 @@ class _Row:
             _float(row[7]),
             _float(row[8]),
             int(str(row[9])),
+            _float(row[10]),
         )
 
 
@@ -91,7 +94,8 @@ def _float(value: object) -> float | None:
 
 
 _COLUMNS = (
-    "id, status, members, view, opened_at, cleared_at, resolved_at, last_reply_at, last_notified, landed"
+    "id, status, members, view, opened_at, cleared_at, resolved_at, last_reply_at, last_notified, landed,"
+    " last_edit_at"
 )
 
 
@@ -104,102 +108,142 @@ class IncidentBook:
         self.now = now
         self.notify = notify
 
-    def reconcile(self, groups: Iterable[Group], *, carried: set[str]) -> list[Decision]:
-        """What to say about this cycle's ``groups``; ``carried``: identities still there, unseen."""
-        live = [
-            _Row.load(r)
-            for r in self.db.execute(
-                f"SELECT {_COLUMNS} FROM incidents WHERE status IN ('pending', 'open') ORDER BY id"
-            )
-        ]
+    def reconcile(self, findings: Sequence[Finding], *, carried: set[str]) -> list[Decision]:
+        """What to say about this cycle's ranked ``findings``; ``carried``: identities still there, unseen."""
+        live = self._load("status IN ('pending', 'open') ORDER BY id", ())
         recent = (
-            [
-                _Row.load(r)
-                for r in self.db.execute(
-                    f"SELECT {_COLUMNS} FROM incidents WHERE status='resolved' AND resolved_at >= ?"
-                    " ORDER BY id DESC",
-                    (self.now - self.policy.reopen_within_s,),
-                )
-            ]
+            self._load(
+                "status='resolved' AND resolved_at >= ? ORDER BY id DESC",
+                (self.now - self.policy.reopen_within_s,),
+            )
             if self.policy.reopen_within_s > 0
             else []
         )
-        decisions: list[Decision] = []
+        seen = {f.identity: f for f in findings}
+        decisions = self._assign(findings, live, recent)
         due: list[tuple[_Row, IncidentView]] = []
-        claimed: set[int] = set()
-        for group in groups:
-            row = self._match(group, live, recent, claimed, decisions)
-            claimed.add(row.id)
-            view = self._view(group, row)
+        gone: list[Decision] = []
+        for row in [*live, *(r for r in recent if r.status == "reopening")]:
+            present = [seen[m] for m in row.members if m in seen]
+            if row.status == "merged":
+                continue
+            if not present:
+                if not carried.intersection(row.members) and row.status != "reopening":
+                    gone += self._absent(row)
+                continue  # a failed source or a silence: still there, only unseen
+            view = self._view(present, row, findings)
             if row.status == "pending":
                 if self.now - row.opened_at >= self.policy.pending_for_s:
                     due.append((row, view))
                 else:
-                    self._save(row, members=group.identities, view=view)
+                    self._save(row, members=row.members, view=view)
             else:
-                decisions += self._present(row, group, view)
-        decisions += self._open(due)
-        for row in live:
-            if row.id not in claimed and row.status != "merged":
-                if carried.intersection(row.members):
-                    continue  # a failed source or a silence: still there, only unseen
-                decisions += self._absent(row)
+                decisions += self._present(row, view)
+        decisions += self._open(due) + gone
         return decisions if self.notify else []
+
+    def _load(self, where: str, args: tuple[object, ...]) -> list[_Row]:
+        return [
+            _Row.load(r) for r in self.db.execute(f"SELECT {_COLUMNS} FROM incidents WHERE {where}", args)
+        ]
 
     # --- matching ------------------------------------------------------------------------
 
-    def _match(
-        self, group: Group, live: list[_Row], recent: list[_Row], claimed: set[int], decisions: list[Decision]
-    ) -> _Row:
-        ids = set(group.identities)
-        holding = [
-            r for r in live if r.id not in claimed and r.status != "merged" and ids.intersection(r.members)
-        ]
-        # The posted one first (its thread is where people look), then the oldest.
-        holding.sort(key=lambda r: (r.status != "open", r.id))
-        if holding:
-            chosen = holding[0]
-            for other in holding[1:]:
-                decisions += self._merge(other, into=group)
-            return chosen
-        back = next((r for r in recent if r.id not in claimed and group.lead.identity in r.members), None)
-        if back is not None:
-            back.status = "reopening"
-            return back
+    def _assign(self, findings: Sequence[Finding], live: list[_Row], recent: list[_Row]) -> list[Decision]:
+        """Give each finding not in a live incident one: a finding stays in its incident while it lives.
+
+        A new cause takes over the lone-symptom incidents it explains (the first leads, the others
+        are merged into it); a new finding a live cause explains joins that cause's incident; one
+        in an incident resolved within ``reopen_within`` reopens it; the rest open new incidents.
+        """
+        owner = {m: row for row in live for m in row.members}
+        fresh = [f for f in findings if f.identity not in owner]
+        present = {f.identity: f for f in findings}
+        decisions: list[Decision] = []
+        for finding in [f for f in fresh if f.kind == "cause"]:
+            lone = [r for r in _alive(live) if not _causes(r, present)]
+            taken = [r for r in lone if _explaining([finding], r, present)]
+            if taken:
+                self._join(taken[0], finding.identity, owner)
+                for other in taken[1:]:
+                    decisions += self._merge(other, into=taken[0], cause=finding, owner=owner)
+        # Lone-symptom incidents a live cause explains (the cause came first, the symptom flapped).
+        for row in [r for r in _alive(live) if not _causes(r, present)]:
+            for host in [r for r in _alive(live) if r is not row and _causes(r, present)]:
+                cause = _explaining(_causes(host, present), row, present)
+                if cause is not None:
+                    decisions += self._merge(row, into=host, cause=cause, owner=owner)
+                    break
+        for finding in [f for f in fresh if f.identity not in owner]:
+            for host in [r for r in _alive(live) if _causes(r, present)]:
+                if any(_explains(c, finding) for c in _causes(host, present)):
+                    self._join(host, finding.identity, owner)
+                    break
+        self._place([f for f in fresh if f.identity not in owner], live, recent, owner)
+        return decisions
+
+    def _place(
+        self, rest: list[Finding], live: list[_Row], recent: list[_Row], owner: dict[str, _Row]
+    ) -> None:
+        """Findings no live incident holds: back in one resolved lately (reopened), or a new incident."""
+        for group in group_findings(rest):
+            back = next(
+                (r for r in recent if r.status != "reopening" and group.lead.identity in r.members), None
+            )
+            row = back or self._insert(group, live)
+            if back is not None:
+                back.status = "reopening"
+            for member in group.identities:
+                self._join(row, member, owner)
+
+    @staticmethod
+    def _join(row: _Row, identity: str, owner: dict[str, _Row]) -> None:
+        if identity not in row.members:
+            row.members.append(identity)
+        owner[identity] = row
+
+    def _insert(self, group: Group, live: list[_Row]) -> _Row:
         cursor = self.db.execute(
             "INSERT INTO incidents (status, members, view, opened_at, last_seen)"
             " VALUES ('pending', ?, ?, ?, ?)",
             (json.dumps(group.identities), "{}", self.now, self.now),
         )
-        row = _Row(
-            int(cursor.lastrowid or 0),
-            "pending",
-            group.identities,
-            IncidentView(lead=group.lead, opened_at=self.now),
-            self.now,
-            None,
-            None,
-            None,
-            None,
-            0,
-        )
+        view = IncidentView(lead=group.lead, opened_at=self.now)
+        row = _Row(int(cursor.lastrowid or 0), "pending", [], view, self.now, None, None, None, None, 0)
         live.append(row)
         return row
 
-    def _merge(self, other: _Row, *, into: Group) -> list[Decision]:
+    def _merge(self, other: _Row, *, into: _Row, cause: Finding, owner: dict[str, _Row]) -> list[Decision]:
+        """``other``'s findings go to ``into``; a posted ``other`` is edited to say where they went."""
         was = other.status
+        for member in other.members:
+            self._join(into, member, owner)
         self.db.execute("UPDATE incidents SET status='merged' WHERE id=?", (other.id,))
         other.status = "merged"
         if was == "pending" or other.landed < 0:
             return []
         view = other.view.model_copy(update={"state": "merged"})
-        note = f"Merged into the incident of {into.lead.cause}: {into.lead.title}"
+        note = f"Merged into the incident of {cause.cause}: {cause.title}"
         return [Decision(other.id, NotificationKind.update, IncidentPayload(view=view, note=note))]
 
-    def _view(self, group: Group, row: _Row) -> IncidentView:
+    def _view(self, present: list[Finding], row: _Row, ranked: Sequence[Finding]) -> IncidentView:
+        """The incident as it stands: its most important cause that explains the rest leads."""
+        order = {f.identity: i for i, f in enumerate(ranked)}
+        members = sorted(present, key=lambda f: order.get(f.identity, 0))
+        causes = [f for f in members if f.kind == "cause"]
+        lead = next((c for c in causes if any(_explains(c, f) for f in members if f is not c)), None)
+        if lead is None and not causes and row.view.has_cause and row.status != "pending":
+            # Its cause is gone while its symptoms last: the thread is still about that cause.
+            lead = row.view.lead
+            members = [f for f in members if f.identity != lead.identity]
+            return self._shown(row, lead, members)
+        lead = lead or (causes[0] if causes else members[0])
+        return self._shown(row, lead, [f for f in members if f is not lead])
+
+    def _shown(self, row: _Row, lead: Finding, explained: list[Finding]) -> IncidentView:
         return IncidentView(
-            lead=group.lead,
-            explained=group.explained,
+            lead=lead,
+            explained=explained,
             opened_at=row.opened_at,
             resolve_after_s=self.policy.resolve_after_s,
             reopened=row.view.reopened + (1 if row.status == "reopening" else 0),
@@ -215,17 +259,15 @@ class IncidentBook:
             payload = DigestPayload(rows=rows, incident_ids=[r.id for r, _ in due], opened_at=self.now)
             decisions.append(Decision(None, NotificationKind.digest, payload))
         for row, view in due:
-            self._save(
-                row, status="open", members=[f.identity for f in view.findings], view=view, notified=True
-            )
+            self._save(row, status="open", members=row.members, view=view, notified=True)
             decisions.append(
                 Decision(row.id, NotificationKind.new, IncidentPayload(view=view, in_digest=digest))
             )
         return decisions
 
-    def _present(self, row: _Row, group: Group, view: IncidentView) -> list[Decision]:
+    def _present(self, row: _Row, view: IncidentView) -> list[Decision]:
         shown = row.view
-        members = group.identities
+        members = row.members
         if row.status == "reopening":
             self._save(
                 row, status="open", members=members, view=view, notified=True, replied=True, clear=True
@@ -258,15 +300,23 @@ class IncidentBook:
             row.last_reply_at is None or self.now - row.last_reply_at >= self.policy.reply_min_interval_s
         )
         if shown.lead.identity != view.lead.identity:
+            # A cause found (or another one leading) is said in the thread; a cause gone while its
+            # symptoms last is an edit only: the resolution will say when it is over.
             found = view.has_cause and not shown.has_cause
-            line = f"{'Cause found' if found else 'Now led by'}: {view.lead.cause}: {view.lead.summary}"
-            return NotificationKind.cause_changed, line if can_reply else None, None
+            line = f"{'Cause found' if found else 'Now led by'}: {view.lead.cause}: {view.lead.title}"
+            said = line if can_reply and view.has_cause else None
+            return NotificationKind.cause_changed, said, None
         if {f.identity for f in shown.explained} != {f.identity for f in view.explained}:
             return NotificationKind.update, None, None
         before, after = shown.headline, view.headline
+        # A number that moves is edited in, at most as often as a reply may be posted.
+        edited_lately = (
+            row.last_edit_at is not None and self.now - row.last_edit_at < self.policy.reply_min_interval_s
+        )
         if (
             before is not None
             and after is not None
+            and not edited_lately
             and abs(after - before) > self.policy.material_change * max(abs(before), 1e-9)
         ):
             return NotificationKind.update, None, None
@@ -309,6 +359,7 @@ class IncidentBook:
         row.status = status or row.status
         self.db.execute(
             "UPDATE incidents SET status=?, members=?, view=COALESCE(?, view), last_seen=?,"
+            " last_edit_at=CASE WHEN ? THEN ? ELSE last_edit_at END,"
             " last_notified=CASE WHEN ? THEN ? ELSE last_notified END,"
             " last_reply_at=CASE WHEN ? THEN ? ELSE last_reply_at END,"
             " cleared_at=CASE WHEN ? THEN NULL ELSE cleared_at END,"
@@ -317,6 +368,8 @@ class IncidentBook:
                 row.status,
                 json.dumps(members),
                 view.model_dump_json() if view else None,
+                self.now,
+                view is not None,
                 self.now,
                 notified,
                 self.now,
@@ -327,6 +380,25 @@ class IncidentBook:
                 row.id,
             ),
         )
+
+
+def _explains(cause: Finding, other: Finding) -> bool:
+    return cause is not other and other.cause in cause.explains and same_scope(cause, other)
+
+
+def _alive(rows: list[_Row]) -> list[_Row]:
+    return [r for r in rows if r.status != "merged"]
+
+
+def _causes(row: _Row, present: dict[str, Finding]) -> list[Finding]:
+    """The causes among ``row``'s findings present in this cycle."""
+    return [present[m] for m in row.members if m in present and present[m].kind == "cause"]
+
+
+def _explaining(causes: list[Finding], row: _Row, present: dict[str, Finding]) -> Finding | None:
+    """The first of ``causes`` that explains a finding of ``row`` present in this cycle."""
+    shown = [present[m] for m in row.members if m in present]
+    return next((c for c in causes if any(_explains(c, f) for f in shown)), None)
 
 
 def _digest_row(view: IncidentView) -> DigestRow:

@@ -43,7 +43,7 @@ from pathlib import Path
 from sqlite3 import Connection
 from typing import Any, Protocol
 
-from diagnoser.daemon.incidents import IncidentPolicy, group_findings
+from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
 from diagnoser.models import Diagnosis, Finding, Severity
@@ -146,7 +146,7 @@ class StateStore:
                     else:
                         self._db.execute("UPDATE findings SET status='resolved' WHERE fingerprint=?", (fp,))
             book = IncidentBook(self._db, policy, now=now, notify=notify)
-            decisions = book.reconcile(group_findings(seen.values()), carried=carried)
+            decisions = book.reconcile(list(seen.values()), carried=carried)
             entries = [self._enqueue(d.payload_fingerprint, d.kind, d.payload, now, d.incident_id)
                        for d in decisions]
             self._db.execute(

@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     resolved_at    REAL,
     last_reply_at  REAL,
     last_notified  REAL,
+    last_edit_at   REAL,
     landed         INTEGER NOT NULL DEFAULT 0,
     channel        TEXT,
     message_ts     TEXT,

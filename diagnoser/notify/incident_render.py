@@ -95,7 +95,7 @@ def _context(view: IncidentView, at: datetime) -> dict[str, Any]:
             f" after {duration_text(view.resolve_after_s)} clear"
         )
     elif view.state == "open":
-        parts.append(f"resolved after {duration_text(view.resolve_after_s)} clear")
+        parts.append(f"resolves once clear for {duration_text(view.resolve_after_s)}")
     if view.reopened:
         parts.append(f"reopened {view.reopened}×")
     if at.timestamp() != view.opened_at:

@@ -107,7 +107,7 @@ def _measured(finding: Finding) -> str:
     top = finding.evidence[0] if finding.evidence else None
     if top is None or top.value is None:
         return ""
-    return f"Measured: *{escape(top.line(finding.labels))}*"
+    return f"Measured: *{escape(top.line(finding.labels, finding.summary))}*"
 
 
 def severity_mark(severity: str) -> str:
@@ -117,7 +117,7 @@ def severity_mark(severity: str) -> str:
 
 def evidence_lines(finding: Finding, *, limit: int = _EVIDENCE_SHOWN) -> list[str]:
     """The finding's evidence as readable bullet lines (names, units; its own labels not repeated)."""
-    lines = [escape("• " + row.line(finding.labels)) for row in finding.evidence[:limit]]
+    lines = [escape("• " + row.line(finding.labels, finding.summary)) for row in finding.evidence[:limit]]
     more = len(finding.evidence) - limit
     if more > 0 and limit > 1:
         lines.append(f"_and {more} more_")
