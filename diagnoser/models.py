@@ -14,7 +14,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "CAUSES",
@@ -124,6 +132,20 @@ class Evidence(BaseModel):
     #: The rule condition's name (``pending``, ``max``), or ``value`` for its first condition.
     name: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _computed_text(cls, data: Any) -> Any:
+        # ``text`` is derived (see below): a dumped row read back drops it rather than refusing it.
+        if isinstance(data, dict) and "text" in data:
+            data = {k: v for k, v in data.items() if k != "text"}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def text(self) -> str:
+        """The row as one readable line, as the console, Markdown and Slack show it (in the JSON too)."""
+        return self.line()
+
     @property
     def annotation(self) -> str:
         """Detail, convention and caveat in one line for renderers ("" when there are none)."""
@@ -133,9 +155,26 @@ class Evidence(BaseModel):
     def short(self, said: str = "") -> str:
         """:meth:`line` without labels nor source (``waiting: 30 requests waiting for a connection
         (threshold 0)``)."""
-        return self.line(self.labels, said, source=False)
+        return self.line(self.labels, said, source=False, convention=False)
 
-    def line(self, omit: Mapping[str, str] | None = None, said: str = "", *, source: bool = True) -> str:
+    @property
+    def reads(self) -> str:
+        """What the row measures, in words (``waiting``, ``hold time``, ``latency p99``; "" when unnamed)."""
+        name = self.name or ""
+        for suffix, _ in _NAME_UNITS:
+            if name.endswith(suffix) and name not in _EVIDENCE_NAMES:
+                name = name.removesuffix(suffix)
+                break
+        return _EVIDENCE_NAMES.get(name, name.replace("_", " ")) or _field_name(self)
+
+    def line(
+        self,
+        omit: Mapping[str, str] | None = None,
+        said: str = "",
+        *,
+        source: bool = True,
+        convention: bool = True,
+    ) -> str:
         """One readable line: what it measures, the value with its unit, the threshold, what tells it apart.
 
         ``waiting: 139.5 requests waiting for a connection (threshold 0) · pool feature-store``;
@@ -143,12 +182,7 @@ class Evidence(BaseModel):
         finding's summary) are left out.
         """
         unit = evidence_unit(self)
-        name = self.name or ""
-        for suffix, _ in _NAME_UNITS:
-            if name.endswith(suffix) and name not in _EVIDENCE_NAMES:
-                name = name.removesuffix(suffix)
-                break
-        what = _EVIDENCE_NAMES.get(name, name.replace("_", " ")) or _field_name(self)
+        what = self.reads
         parts: list[str] = []
         if self.value is not None:
             value = format_measure(self.value, unit)
@@ -166,7 +200,7 @@ class Evidence(BaseModel):
         shown = {k: v for k, v in sorted(self.labels.items()) if (omit or {}).get(k) != v}
         if shown:
             text += " · " + ", ".join(f"{k} {v}" for k, v in shown.items())
-        extra = [f"via {self.convention}" if self.convention else "", self.caveat or ""]
+        extra = [f"via {self.convention}" if self.convention and convention else "", self.caveat or ""]
         if self.value is not None and self.detail and not parts[0].endswith(self.detail):
             extra.insert(0, "" if self.detail in said else self.detail)
         extra = [e for e in extra if e]

@@ -130,7 +130,7 @@ def _evidence_lines(evidence: list[Evidence], verbose: bool, summary: str = "") 
     lines: list[Text] = []
     seen: set[str] = set()
     for row in evidence:
-        name = row.name or "value"
+        name = row.reads or "value"
         if not verbose and name in seen:
             continue
         seen.add(name)
