@@ -237,7 +237,8 @@ async def outage_drain(gauge: Gauge, prometheus_url: str, workdir: Path, outage_
             state = daemon.state
             await _until(lambda: state.pending_count() >= len(pools), 30)
             await asyncio.sleep(outage_s)
-            failed = daemon.metrics.notifications_failed.labels("new")._value.get()
+            counter = daemon.metrics.notifications_failed
+            failed = sum(counter.labels(kind)._value.get() for kind in ("new", "digest"))
             queued = [e.finding.labels["pool"] for e in state.pending() if e.finding is not None]
             slack.set_ok()
             back = time.monotonic()

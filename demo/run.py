@@ -434,17 +434,8 @@ class Lab:
                         "--duration", f"{self.pace.incident_s:g}", "--config", str(self.config)),
             self.workdir / "incident-traffic.log",
         )  # fmt: skip
-        incident_began = time.monotonic()
         try:
-            # Posted now, or the incident the load test opened, edited or reopened in its thread.
-            seen = self.expect(sink.wait_for(
-                lambda m: cause_of(m) == "connection_pool_exhaustion" and m.at >= incident_began,
-                self.pace.wait_s, edits=True,
-            ), "connection_pool_exhaustion in Slack")  # fmt: skip
-            new = None
-            if seen is not None:
-                thread_ts = seen.thread_ts or seen.ts
-                new = next((m for m in sink.top_level() if m.ts == thread_ts), None)
+            new = self.pool_incident(since=time.monotonic())
             if new is not None:
                 t.say("The daemon names the same cause under live traffic, its size from Little's law on the"
                       " demand it\nmeasures (served, timed out, and the growth of the queue).")  # fmt: skip
@@ -468,6 +459,18 @@ class Lab:
             return before.capacity_rps, None
         write_before_after([(f"pool of {POOL_SIZE}", before), (f"pool of {pool}", after)], self.both_plot)
         return before.capacity_rps, after.capacity_rps
+
+    def pool_incident(self, since: float) -> PostedMessage | None:
+        """The top-level message of the pool's incident: posted now, or the one the load test
+        opened, edited or reopened in its thread."""
+        seen = self.expect(self.sink.wait_for(
+            lambda m: cause_of(m) == "connection_pool_exhaustion" and m.at >= since,
+            self.pace.wait_s, edits=True,
+        ), "connection_pool_exhaustion in Slack")  # fmt: skip
+        if seen is None:
+            return None
+        thread_ts = seen.thread_ts or seen.ts
+        return next((m for m in self.sink.top_level() if m.ts == thread_ts), None)
 
     @property
     def both_plot(self) -> Path:

@@ -67,11 +67,7 @@ def serve_command(
         Path | None, typer.Option("--state", help="SQLite state file (findings, notification outbox).")
     ] = None,
     replay_dead_letters: Annotated[
-        bool,
-        typer.Option(
-            "--replay-dead-letters",
-            help="Put every dead-lettered notification back in the outbox (the daemon sends them); exit.",
-        ),
+        bool, typer.Option("--replay-dead-letters", help="Put every dead letter back in the outbox; exit.")
     ] = False,
 ) -> None:
     """Run the daemon: probe and diagnose on a schedule, notify Slack once per incident."""

@@ -161,14 +161,14 @@ class IncidentBook:
         present = {f.identity: f for f in findings}
         decisions: list[Decision] = []
         for finding in [f for f in fresh if f.kind == "cause"]:
-            lone = [r for r in _alive(live) if not _causes(r, present)]
+            lone = [r for r in _alive(live) if _lone(r, present)]
             taken = [r for r in lone if _explaining([finding], r, present)]
             if taken:
                 self._join(taken[0], finding.identity, owner)
                 for other in taken[1:]:
                     decisions += self._merge(other, into=taken[0], cause=finding, owner=owner)
         # Lone-symptom incidents a live cause explains (the cause came first, the symptom flapped).
-        for row in [r for r in _alive(live) if not _causes(r, present)]:
+        for row in [r for r in _alive(live) if _lone(r, present)]:
             for host in [r for r in _alive(live) if r is not row and _causes(r, present)]:
                 cause = _explaining(_causes(host, present), row, present)
                 if cause is not None:
@@ -388,6 +388,11 @@ def _explains(cause: Finding, other: Finding) -> bool:
 
 def _alive(rows: list[_Row]) -> list[_Row]:
     return [r for r in rows if r.status != "merged"]
+
+
+def _lone(row: _Row, present: dict[str, Finding]) -> bool:
+    """A symptom's incident that no cause has explained yet (one whose cause is gone is not)."""
+    return not row.view.has_cause and not _causes(row, present)
 
 
 def _causes(row: _Row, present: dict[str, Finding]) -> list[Finding]:

@@ -148,3 +148,24 @@ async def test_the_token_bucket_spaces_calls_to_its_rate_after_the_burst() -> No
     await bucket.take()
     assert now[0] - before == pytest.approx(1.0)
     await asyncio.sleep(0)
+
+
+async def test_an_alert_report_about_an_incidents_service_goes_in_its_thread(
+    store: StateStore, slack: SlackFixtureServer
+) -> None:
+    from diagnoser.notify.outbox import NotificationKind
+    from diagnoser.notify.payloads import AlertReportPayload
+
+    config = settings(slack)
+    out = delivery(store, SlackSender(config), config, [1000.0])
+    decide(store, cause(), now=1000)
+    await out.flush()
+    (top,) = slack.top_level()
+    # An Alertmanager group about the service, whose own diagnosis found nothing more.
+    incident = store.incident_for_service("checkout")
+    assert incident is not None and store.incident_for_service("billing") is None
+    report = AlertReportPayload(diagnosis=Diagnosis(evaluated_at=AT), alert="CheckoutSlow", scope={"service": "checkout"})
+    store.enqueue(NotificationKind.alert_report, report, incident_id=incident)
+    await out.flush()
+    (reply,) = slack.replies(top.ts)
+    assert reply.text.startswith("Diagnosis for CheckoutSlow")

@@ -212,3 +212,23 @@ def test_an_incident_with_a_cause_of_its_own_is_never_folded_into_another(store:
     # The pool clears: its incident resolves; the empty answers' incident goes on, untouched.
     later = run(store, errors, empty, now=20, policy=policy) + run(store, errors, empty, now=200, policy=policy)
     assert [(e.kind.value, e.incident_id) for e in later] == [("resolved", entries[0].incident_id)]
+
+
+def test_an_incident_whose_cause_is_gone_keeps_it_and_is_not_taken_over(store: StateStore) -> None:
+    policy = IncidentPolicy(resolve_after_s=100)
+    errors = symptom().model_copy(update={"rule_id": "http/error-rate", "cause": "error_rate_breach"})
+    empty = Finding(
+        rule_id="probe/empty", cause="empty_success_response", kind="cause", severity=Severity.critical,
+        title="Empty 200s", summary="12% empty", labels={"target": "http://x"}, explains=["error_rate_breach"],
+    )
+    pool = cause().model_copy(update={"explains": ["latency_slo_breach", "error_rate_breach"]})
+    (first,) = run(store, pool, errors, now=0, policy=policy)
+    # The pool is fixed; the errors last a little longer and another cause that explains them appears.
+    entries = run(store, errors, empty, now=10, policy=policy)
+    assert [(e.kind.value, e.incident_id == first.incident_id) for e in entries] == [("new", False)]
+    shown = store.incident_thread(first.incident_id or 0)
+    assert shown is not None
+    assert run(store, empty, now=200, policy=policy) == []
+    (resolved,) = run(store, empty, now=301, policy=policy)
+    assert resolved.kind.value == "resolved" and resolved.incident_id == first.incident_id
+    assert resolved.finding is not None and resolved.finding.cause == "connection_pool_exhaustion"

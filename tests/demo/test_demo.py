@@ -121,7 +121,7 @@ def _text(box: str) -> str:
 
 
 def _ts(box: str) -> str:
-    found = re.search(r"· ts (\d+\.\d+)", box)
+    found = re.search(r"· (?:edited )?ts (\d+\.\d+)", box)  # a message, or an edit of one
     assert found, box
     return found.group(1)
 
