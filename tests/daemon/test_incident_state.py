@@ -232,3 +232,21 @@ def test_an_incident_whose_cause_is_gone_keeps_it_and_is_not_taken_over(store: S
     (resolved,) = run(store, empty, now=301, policy=policy)
     assert resolved.kind.value == "resolved" and resolved.incident_id == first.incident_id
     assert resolved.finding is not None and resolved.finding.cause == "connection_pool_exhaustion"
+
+
+def test_serve_replay_dead_letters_puts_them_back_in_their_place(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    path = tmp_path / "state.sqlite3"
+    store = StateStore(path)
+    (new,) = run(store, cause(), now=0, policy=IncidentPolicy())
+    store.dead_letter(new.id, "Slack refused the message: HTTP 200 invalid_auth", reason="invalid_auth", now=1)
+    store.close()
+    result = run_cli("serve", "--state", str(path), "--replay-dead-letters")
+    assert result.code == 0, result.stderr
+    assert f"1 dead-lettered notification(s) queued again in {path}" in result.stdout
+    reopened = StateStore(path)
+    try:
+        assert [e.id for e in reopened.pending()] == [new.id] and reopened.dead_letters() == []
+    finally:
+        reopened.close()
