@@ -10,13 +10,18 @@ and counts what reached the channel. Then:
 * SIGKILL during a late answer: ``diagnose serve`` as a process, Slack stores the first post and
   answers 20 s later, the process is killed while it waits and started again;
 * a 429 storm (``Retry-After: 20``): the gaps between diagnoses meanwhile;
-* 500 webhooks for one Alertmanager group: the posts they give.
+* 500 webhooks for one Alertmanager group: the posts they give;
+* a Slack outage of ``--outage-s`` seconds (default 240, real time: the 4 minutes of the fault
+  campaign) while ten incidents open: how long after Slack is back the queue is drained, in
+  order, with the default retry settings and the sender's one message a second.
 
-Usage: ``python bench/slack_faults.py`` (about 2 minutes). Everything runs on 127.0.0.1.
+Usage: ``python bench/slack_faults.py [--outage-s 240] [--only-outage]`` (about 7 minutes with the
+default outage). Everything runs on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -187,7 +192,8 @@ def sigkill_late_answer(prometheus_url: str, gauge: Gauge, workdir: Path) -> dic
             "disable_builtin_rules": True,
             "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url, "timeout_s": 30,
                       "in_doubt_settle_s": 5},
-            "daemon": {"diagnose_interval_s": 0.5, "jitter_s": 0, "listen": "127.0.0.1:0",
+            "daemon": {"diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0, "jitter_s": 0,
+                       "listen": "127.0.0.1:0",
                        "state_path": str(workdir / "kill-state.sqlite3"), "outbox_retry_s": 0.3},
         }
         path = workdir / "kill.yaml"
@@ -211,7 +217,59 @@ def sigkill_late_answer(prometheus_url: str, gauge: Gauge, workdir: Path) -> dic
         return {"posts": len(slack.messages), "duplicates": _duplicates(slack)}
 
 
-async def campaign(prometheus_url: str, gauge: Gauge, workdir: Path) -> None:
+async def outage_drain(gauge: Gauge, prometheus_url: str, workdir: Path, outage_s: float) -> dict[str, Any]:
+    """Ten incidents open while Slack is down for ``outage_s``; the time to drain once it is back."""
+    job = "bench-outage"
+    pools = [f"pool-{n:02d}" for n in range(10)]
+    with SlackFixtureServer() as slack:
+        slack.down()
+        # The shipped retry and rate settings (2 s doubling to 30 s; one message a second).
+        defaults = {"retry_base_s": 2.0, "retry_max_s": 30.0, "timeout_s": 2, "messages_per_s": 1.0,
+                    "message_burst": 2}
+        settings = daemon_settings(workdir / "outage", prometheus_url, job, slack=slack,
+                                   slack_settings=defaults, diagnose_interval_s=1.0, outbox_retry_s=5.0)
+        daemon = Daemon(settings)
+        await daemon.start()
+        try:
+            for pool in pools:
+                gauge.labels(namespace="shop", service=job, pool=pool).set(0.97)
+            assert daemon.state is not None
+            state = daemon.state
+            await _until(lambda: state.pending_count() >= len(pools), 30)
+            await asyncio.sleep(outage_s)
+            counter = daemon.metrics.notifications_failed
+            failed = sum(counter.labels(kind)._value.get() for kind in ("new", "digest"))
+            queued = [e.finding.labels["pool"] for e in state.pending() if e.finding is not None]
+            slack.set_ok()
+            back = time.monotonic()
+            first = await _until(lambda: len(slack.messages) >= 1, 600)
+            first_s = time.monotonic() - back if first else None
+            await _until(lambda: len(slack.messages) >= len(pools) and state.pending_count() == 0, 600)
+            drained_s = time.monotonic() - back
+            posted = [m.text.split("Pool ")[1].split(" ")[0] for m in slack.messages if "Pool " in m.text]
+            return {
+                "outage_s": outage_s,
+                "queued": len(pools),
+                "tries_during_outage": int(failed),
+                "first_post_after_up_s": round(first_s, 1) if first_s is not None else None,
+                "drained_after_up_s": round(drained_s, 1),
+                "posts": len(slack.messages),
+                "duplicates": _duplicates(slack),
+                "in_queue_order": posted == queued,
+            }
+        finally:
+            await daemon.stop()
+            for pool in pools:
+                gauge.labels(namespace="shop", service=job, pool=pool).set(0.1)
+
+
+async def campaign(
+    prometheus_url: str, gauge: Gauge, workdir: Path, outage_s: float, only_outage: bool
+) -> None:
+    if only_outage:
+        print(json.dumps({"fault": "Slack down, then back", **await outage_drain(
+            gauge, prometheus_url, workdir, outage_s)}), flush=True)
+        return
     for name in ("500", "429", "hang", "slow", "down"):
         print(json.dumps(await one_fault(name, gauge, prometheus_url, workdir)), flush=True)
     killed = await asyncio.to_thread(sigkill_late_answer, prometheus_url, gauge, workdir)
@@ -220,9 +278,15 @@ async def campaign(prometheus_url: str, gauge: Gauge, workdir: Path) -> None:
     print(json.dumps({"fault": "429 storm, Retry-After 20", **storm}), flush=True)
     webhooks = await webhook_storm(gauge, prometheus_url, workdir)
     print(json.dumps({"fault": "alertmanager webhooks, one group", **webhooks}), flush=True)
+    drained = await outage_drain(gauge, prometheus_url, workdir, outage_s)
+    print(json.dumps({"fault": "Slack down, then back", **drained}), flush=True)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--outage-s", type=float, default=240.0, help="how long Slack is down (real seconds)")
+    parser.add_argument("--only-outage", action="store_true", help="only the outage-to-drained figure")
+    args = parser.parse_args()
     registry = CollectorRegistry()
     gauge = Gauge("shop_pool_used_ratio", "Pool use.", ["namespace", "service", "pool"], registry=registry)
     gauge.labels(namespace="shop", service="warmup", pool="none").set(0.0)
@@ -232,7 +296,7 @@ def main() -> None:
         with LocalPrometheus(scrape_targets=[f"127.0.0.1:{port}"], scrape_interval="1s") as prometheus:
             time.sleep(7)  # target discovery is throttled to 5 s
             with tempfile.TemporaryDirectory() as tmp:
-                asyncio.run(campaign(prometheus.url, gauge, Path(tmp)))
+                asyncio.run(campaign(prometheus.url, gauge, Path(tmp), args.outage_s, args.only_outage))
     finally:
         server.shutdown()
         server.server_close()

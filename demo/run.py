@@ -236,6 +236,9 @@ class Lab:
         self.daemon_port = free_port()
         self.exporter_port = free_port()
         self.service: FeatureTestBed | None = None
+        #: The channel's last screen and ``(top-level, replies, edits)``, kept when the sink closes.
+        self.channel = ""
+        self.slack_counts = (0, 0, 0)
 
     @property
     def known_user(self) -> str:
@@ -350,6 +353,11 @@ class Lab:
                 "jitter_s": 0,
                 "outbox_retry_s": 1,
                 "cooldown_s": 3600,
+                # An incident is posted once it held 4 s, resolved once clear for 8 s, and one
+                # back within 10 minutes reopens its thread (the demo's pace; see docs/daemon.md).
+                "pending_for_s": 4,
+                "resolve_after_s": 8,
+                "reopen_within_s": 600,
                 "listen": f"127.0.0.1:{self.daemon_port}",
                 "state_path": str(self.workdir / "state.sqlite3"),
                 "probe_files": [str(probe)],
@@ -362,6 +370,11 @@ class Lab:
     def stop(self) -> None:
         self.processes.stop_all()
         self.stop_service()
+        sink: SlackSink | None = getattr(self, "sink", None)  # None when start() failed before it
+        if sink is not None:
+            # What the channel shows, kept for the last screen once the sink is closed.
+            self.channel = sink.channel_view()
+            self.slack_counts = sink.counts()
         self.exit.close()
 
     # --- the story -----------------------------------------------------------------------
@@ -421,13 +434,8 @@ class Lab:
                         "--duration", f"{self.pace.incident_s:g}", "--config", str(self.config)),
             self.workdir / "incident-traffic.log",
         )  # fmt: skip
-        incident_began = time.time()
         try:
-            new = self.expect(sink.wait_for(
-                lambda m: cause_of(m) == "connection_pool_exhaustion" and not m.thread_ts
-                and float(m.ts or 0) >= incident_began,
-                self.pace.wait_s,
-            ), "connection_pool_exhaustion in Slack")  # fmt: skip
+            new = self.pool_incident(since=time.monotonic())
             if new is not None:
                 t.say("The daemon names the same cause under live traffic, its size from Little's law on the"
                       " demand it\nmeasures (served, timed out, and the growth of the queue).")  # fmt: skip
@@ -436,8 +444,10 @@ class Lab:
                 self.start_service(pool)
                 t.say(f"  feature service back on {self.known_user} with a pool of {pool}")
                 thread = new.ts
+                restarted = time.monotonic()
                 resolved = sink.wait_for(
-                    lambda m: m.thread_ts == thread and m.text.startswith("Resolved"), self.pace.wait_s
+                    lambda m: m.thread_ts == thread and m.text.startswith("Resolved") and m.at >= restarted,
+                    self.pace.wait_s,
                 )
                 self.expect(resolved, "connection_pool_exhaustion resolved in its thread")
         finally:
@@ -449,6 +459,18 @@ class Lab:
             return before.capacity_rps, None
         write_before_after([(f"pool of {POOL_SIZE}", before), (f"pool of {pool}", after)], self.both_plot)
         return before.capacity_rps, after.capacity_rps
+
+    def pool_incident(self, since: float) -> PostedMessage | None:
+        """The top-level message of the pool's incident: posted now, or the one the load test
+        opened, edited or reopened in its thread."""
+        seen = self.expect(self.sink.wait_for(
+            lambda m: cause_of(m) == "connection_pool_exhaustion" and m.at >= since,
+            self.pace.wait_s, edits=True,
+        ), "connection_pool_exhaustion in Slack")  # fmt: skip
+        if seen is None:
+            return None
+        thread_ts = seen.thread_ts or seen.ts
+        return next((m for m in self.sink.top_level() if m.ts == thread_ts), None)
 
     @property
     def both_plot(self) -> Path:
@@ -494,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
             lab.stop()
         tempfile.tempdir = None
         shutil.rmtree(workdir, ignore_errors=True)
+    terminal.chapter("The #oncall channel, as the on-call engineer sees it")
+    terminal.say(lab.channel)
     terminal.chapter("What happened")
     return summarize(terminal, lab, before, after)
 
@@ -507,6 +531,8 @@ def summarize(terminal: Terminal, lab: Lab, before: float | None, after: float |
             lab.missing.append(f"a capacity rise of at least {REQUIRED_RISE:g}x (measured {rise:.2f}x)")
     else:
         lab.missing.append("capacity before and after")
+    top, replies, edits = lab.slack_counts
+    say(f"slack: {top} top-level messages, {replies} thread replies, {edits} edits in place")
     plots = [lab.out / f"capacity-{name}.svg" for name in ("before", "after")] + [lab.both_plot]
     say("plots: " + "  ".join(str(p) for p in plots if p.exists()))
     say(f"demo took {time.monotonic() - terminal.started:.0f} s; every process it started is stopped")

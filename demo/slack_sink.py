@@ -1,12 +1,15 @@
 """A Slack-compatible sink on 127.0.0.1 that prints each message the way Slack would show it.
 
 The daemon talks to it exactly as to Slack (``slack.token`` + ``slack.base_url``): ``POST
-/api/chat.postMessage``, and ``conversations.list``/``history``/``replies`` when it looks for a post
-in doubt. The wire format is the test suite's Slack stand-in (``tests/fixtures/slack_server.py``,
-written against Slack's Web API documentation), reused here rather than written twice. Each
+/api/chat.postMessage``, ``chat.update`` when an incident's message is edited in place, and
+``conversations.list``/``history``/``replies`` when it looks for a post in doubt. The wire
+format is the test suite's Slack stand-in (``tests/fixtures/slack_server.py``, written
+against Slack's Web API documentation), reused here rather than written twice. Each
 accepted message is printed as a Slack client lays it out: who and when, thread replies under
 their parent, the header, sections, evidence, the "Runbook" button with its link, the context
-line. With ``SLACK_WEBHOOK_URL`` set, each message is also sent to that real incoming webhook
+line; an edit is printed as the message it now is. :meth:`SlackSink.channel_view` is the channel
+as the on-call engineer sees it at the end: each top-level message as last edited, its thread under
+it. With ``SLACK_WEBHOOK_URL`` set, each message is also sent to that real incoming webhook
 (webhooks cannot thread: a reply says which message it answers). ::
 
     with SlackSink(print_message=print) as sink:
@@ -77,6 +80,8 @@ def render_for_terminal(message: PostedMessage, parent: PostedMessage | None = N
     when = datetime.fromtimestamp(float(message.ts), UTC) if message.ts else datetime.now(UTC)
     channel = message.body.get("channel", "webhook")
     head = f"Slack {channel} · diagnoser APP · {when:%H:%M:%S} · ts {message.ts}"
+    if message.via == "update":
+        head = f"Slack {channel} · diagnoser APP · {datetime.now(UTC):%H:%M:%S} · edited ts {message.ts}"
     if message.thread_ts:
         first = parent.text.splitlines()[0][:70] if parent else ""
         head += f"\n↳ reply in thread {message.thread_ts} ({_mrkdwn(first)})"
@@ -127,20 +132,50 @@ class SlackSink(SlackFixtureServer):
             self._arrived.put(message)
         return answer
 
-    def wait_for(self, matches: Callable[[PostedMessage], bool], timeout_s: float) -> PostedMessage | None:
-        """The first accepted message that ``matches``, waiting up to ``timeout_s`` for it."""
+    def _update_message(self, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        before = len(self.updates)
+        answer = super()._update_message(headers, raw)
+        for message in self.updates[before:]:
+            self._arrived.put(message)
+        return answer
+
+    def wait_for(
+        self, matches: Callable[[PostedMessage], bool], timeout_s: float, *, edits: bool = False
+    ) -> PostedMessage | None:
+        """The first accepted message (or edit, with ``edits``) that ``matches``, waiting up to
+        ``timeout_s`` for it."""
         deadline = time.monotonic() + timeout_s
         while True:
-            found = next((m for m in list(self.messages) if matches(m)), None)
+            seen = list(self.messages)
+            if edits:
+                seen = sorted([*seen, *self.updates], key=lambda m: m.at)
+            found = next((m for m in seen if matches(m)), None)
             if found is not None or time.monotonic() >= deadline:
                 return found
             time.sleep(0.2)
+
+    def counts(self) -> tuple[int, int, int]:
+        """``(top-level messages, thread replies, edits)`` so far."""
+        top = len(self.top_level())
+        return top, len(self.messages) - top, len(self.updates)
+
+    def channel_view(self) -> str:
+        """The channel as it reads now: each top-level message as last edited, its replies under it."""
+        parts = []
+        for message in self.top_level():
+            body = {**message.body, **self.current(message.ts)}
+            shown = PostedMessage("api", body, message.ts, message.channel)
+            parts.append(render_for_terminal(shown))
+            for reply in self.replies(message.ts):
+                box = render_for_terminal(reply, message)
+                parts.append("\n".join("      " + line for line in box.splitlines()))
+        return "\n".join(parts)
 
     def _print_loop(self) -> None:
         while (message := self._arrived.get()) is not None:
             parent = next((m for m in list(self.messages) if m.ts == message.thread_ts), None)
             self.print_message(render_for_terminal(message, parent))
-            if self.forward_url:
+            if self.forward_url and message.via != "update":
                 self._forward(message, parent)
 
     def _forward(self, message: PostedMessage, parent: PostedMessage | None) -> None:

@@ -6,12 +6,23 @@ cause vocabulary are stable, sinks (console, Markdown, Slack) render them as pur
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "CAUSES",
@@ -27,6 +38,9 @@ __all__ = [
     "SilencedFinding",
     "SourceCoverage",
     "SourceError",
+    "evidence_unit",
+    "finding_identity",
+    "format_measure",
 ]
 
 #: Stable cause vocabulary: JSON output, Slack, tests and users' automation rely on it.
@@ -87,6 +101,16 @@ class Severity(StrEnum):
 FindingKind = Literal["cause", "symptom"]
 
 
+def finding_identity(rule_id: str, cause: str, labels: Mapping[str, str]) -> str:
+    """Stable identity of a finding across runs: its rule, cause and identifying labels.
+
+    Measured values, titles, severity and evidence change from run to run; they are not part of
+    it. The daemon's state, silences and the outbox all name a finding by this.
+    """
+    key = json.dumps([rule_id, cause, sorted(labels.items())], separators=(",", ":"))
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
 def _finite_or_none(value: float | None) -> float | None:
     if value is None or math.isnan(value) or math.isinf(value):
         return None
@@ -111,16 +135,163 @@ class Evidence(BaseModel):
     #: The rule condition's name (``pending``, ``max``), or ``value`` for its first condition.
     name: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _computed_text(cls, data: Any) -> Any:
+        # ``text`` is derived (see below): a dumped row read back drops it rather than refusing it.
+        if isinstance(data, dict) and "text" in data:
+            data = {k: v for k, v in data.items() if k != "text"}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def text(self) -> str:
+        """The row as one readable line, as the console, Markdown and Slack show it (in the JSON too)."""
+        return self.line()
+
     @property
     def annotation(self) -> str:
         """Detail, convention and caveat in one line for renderers ("" when there are none)."""
         parts = [self.detail or "", f"via {self.convention}" if self.convention else "", self.caveat or ""]
         return "; ".join(part for part in parts if part)
 
+    def short(self, said: str = "") -> str:
+        """:meth:`line` without labels nor source (``waiting: 30 requests waiting for a connection
+        (threshold 0)``)."""
+        return self.line(self.labels, said, source=False, convention=False)
+
+    @property
+    def reads(self) -> str:
+        """What the row measures, in words (``waiting``, ``hold time``, ``latency p99``; "" when unnamed)."""
+        name = self.name or ""
+        for suffix, _ in _NAME_UNITS:
+            if name.endswith(suffix) and name not in _EVIDENCE_NAMES:
+                name = name.removesuffix(suffix)
+                break
+        return _EVIDENCE_NAMES.get(name, name.replace("_", " ")) or _field_name(self)
+
+    def line(
+        self,
+        omit: Mapping[str, str] | None = None,
+        said: str = "",
+        *,
+        source: bool = True,
+        convention: bool = True,
+    ) -> str:
+        """One readable line: what it measures, the value with its unit, the threshold, what tells it apart.
+
+        ``waiting: 139.5 requests waiting for a connection (threshold 0) · pool feature-store``;
+        labels equal to ``omit``'s (the finding's own) and a detail ``said`` already holds (the
+        finding's summary) are left out.
+        """
+        unit = evidence_unit(self)
+        what = self.reads
+        parts: list[str] = []
+        if self.value is not None:
+            value = format_measure(self.value, unit)
+            # A short wordy detail says what the value counts ("requests waiting for a connection");
+            # one with numbers of its own is a note, after it.
+            detail = self.detail or ""
+            wordy = 0 < len(detail) <= 60 and not any(c.isdigit() or c == "\n" for c in detail)
+            phrase = self.detail if wordy else ""
+            parts.append(f"{value} {phrase}".rstrip())
+            if self.threshold is not None:
+                parts.append(f"(threshold {format_measure(self.threshold, unit)})")
+        elif self.detail:
+            parts.append(self.detail)
+        text = (f"{what}: " if what else "") + " ".join(parts) if parts else what or self.source
+        shown = {k: v for k, v in sorted(self.labels.items()) if (omit or {}).get(k) != v}
+        if shown:
+            text += " · " + ", ".join(f"{k} {v}" for k, v in shown.items())
+        extra = [f"via {self.convention}" if self.convention and convention else "", self.caveat or ""]
+        if self.value is not None and self.detail and not parts[0].endswith(self.detail):
+            extra.insert(0, "" if self.detail in said else self.detail)
+        extra = [e for e in extra if e]
+        return text + (f" ({'; '.join(extra)})" if extra else "") + (f" [{self.source}]" if source else "")
+
     @field_serializer("value", "threshold")
     def _json_safe(self, value: float | None) -> float | None:
         # JSON has no NaN/Inf; a non-finite measurement is reported as null.
         return _finite_or_none(value)
+
+
+#: Readable names of the evidence names rules use most (others: underscores become spaces).
+_EVIDENCE_NAMES = {
+    "value": "",
+    "pending": "waiting",
+    "waiting": "waiting",
+    "used": "in use",
+    "max": "limit",
+    "timeouts_per_s": "timeouts",
+    "uses_per_s": "uses",
+    "hold_s": "hold time",
+}
+_NAME_UNITS = (("_per_s", "/s"), ("_seconds", "s"), ("_ms", "ms"), ("_s", "s"), ("_ratio", "ratio"),
+               ("_bytes", "bytes"), ("_percent", "%"))
+
+
+def evidence_unit(row: Evidence) -> str:
+    """The unit of an evidence row's value, from its name or its metric's (``""`` when unknown)."""
+    for suffix, unit in _NAME_UNITS:
+        if (row.name or "").endswith(suffix):
+            return unit
+    shares = row.threshold is not None and 0 < row.threshold <= 1 and 0 <= (row.value or 0) <= 1.5
+    ratio = "ratio" if "/" in row.query and shares else ""  # a share against a share: a part over a whole
+    if row.source != "prometheus" or not row.query:
+        # A probe field (``latency_ms.p99``) or another source's named field.
+        fields = [t.split(".")[0] for t in row.query.replace("/", " ").split()]
+        found = {unit for f in fields for suffix, unit in _NAME_UNITS if f.endswith(suffix)}
+        return found.pop() if len(found) == 1 else ratio
+    try:
+        from diagnoser.promql.syntax import metric_names
+
+        names = metric_names(row.query)
+    except Exception:  # not PromQL (a signal template): no unit known
+        return ratio
+    bases = [_base_name(name) for name in names]
+    units = {unit for base in bases for suffix, unit in _NAME_UNITS if base.endswith(suffix)}
+    if "histogram_quantile" in row.query:
+        return units.pop() if len(units) == 1 else ""
+    if "rate(" in row.query or "increase(" in row.query:
+        return "/s" if not units else ""
+    return units.pop() if len(units) == 1 else ratio
+
+
+def _base_name(name: str) -> str:
+    """A metric's name without the suffixes of a counter or a histogram's series."""
+    for suffix in ("_total", "_bucket", "_sum", "_count"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _field_name(row: Evidence) -> str:
+    """``latency p99`` for a probe's ``latency_ms.p99``: what a row measures when it has no name."""
+    if row.source == "prometheus":
+        return ""
+    tokens = row.query.split()
+    field = next((t for t in tokens if t.count(".") == 1 and t.replace(".", "_").isidentifier()), "")
+    base, _, part = field.partition(".")
+    for suffix, _unit in _NAME_UNITS:
+        base = base.removesuffix(suffix)
+    return f"{base} {part}".replace("_", " ").strip()
+
+
+def format_measure(value: float, unit: str) -> str:
+    """``97 %``, ``228.6 ms``, ``3.2 min``, ``1.5 GiB``, ``12/s``; a bare number when the unit is unknown."""
+    if unit == "ratio":
+        return f"{value * 100:.3g} %"
+    if unit in ("s", "ms"):
+        seconds = value / 1000 if unit == "ms" else value
+        if abs(seconds) < 1:
+            return f"{seconds * 1000:.4g} ms"
+        return f"{seconds / 60:.3g} min" if abs(seconds) >= 120 else f"{seconds:.3g} s"
+    if unit == "bytes":
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= scale:
+                return f"{value / scale:.3g} {name}"
+        return f"{value:.0f} B"
+    text = f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3g}"
+    return text + (unit if unit == "/s" else f" {unit}" if unit else "")
 
 
 class Finding(BaseModel):
@@ -139,6 +310,11 @@ class Finding(BaseModel):
     runbook_url: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     explains: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def identity(self) -> str:
+        """The finding's stable identity (:func:`finding_identity`)."""
+        return finding_identity(self.rule_id, self.cause, self.labels)
 
     @property
     def is_actionable(self) -> bool:
@@ -213,6 +389,11 @@ class SilencedFinding(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     comment: str
     until: datetime
+
+    @property
+    def identity(self) -> str:
+        """The identity of the finding it kept quiet (:func:`finding_identity`)."""
+        return finding_identity(self.rule_id, self.cause, self.labels)
 
     @field_serializer("until")
     def _rfc3339(self, value: datetime) -> str:

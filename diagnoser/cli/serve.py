@@ -66,8 +66,11 @@ def serve_command(
     state: Annotated[
         Path | None, typer.Option("--state", help="SQLite state file (findings, notification outbox).")
     ] = None,
+    replay_dead_letters: Annotated[
+        bool, typer.Option("--replay-dead-letters", help="Put every dead letter back in the outbox; exit.")
+    ] = False,
 ) -> None:
-    """Run the daemon: probe and diagnose on a schedule, notify Slack once per problem."""
+    """Run the daemon: probe and diagnose on a schedule, notify Slack once per incident."""
     overrides: dict[str, Any] = {}
     if prometheus_url:
         overrides["prometheus"] = {"url": prometheus_url}
@@ -79,6 +82,9 @@ def serve_command(
     if daemon:
         overrides["daemon"] = daemon
     settings = load_cli_settings(config, overrides)
+    if replay_dead_letters:
+        _replay(settings.daemon.state_path)
+        return
     credentials = check_inputs_or_exit(settings, daemon=True)
     if not configured_sources(settings):
         raise fail(
@@ -95,6 +101,21 @@ def serve_command(
         log.error("cannot run the daemon: %s", exc)
         raise typer.Exit(2) from exc
     _exit_without_waiting_for_blocked_threads()
+
+
+def _replay(path: Path) -> None:
+    """Requeue the dead letters of the state file at ``path`` in their places; say how many."""
+    from diagnoser.daemon.state import StateStore
+
+    try:
+        store = StateStore(Path(path))
+    except DiagnoserError as exc:
+        raise fail(str(exc)) from exc
+    try:
+        count = store.retry_dead_letters()
+    finally:
+        store.close()
+    typer.echo(f"{count} dead-lettered notification(s) queued again in {path}")
 
 
 def _exit_without_waiting_for_blocked_threads() -> None:

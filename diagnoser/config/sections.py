@@ -107,7 +107,16 @@ class SlackSettings(_Section):
     #: First wait after a failed delivery; it doubles with each failure (with jitter) up to
     #: ``retry_max_s``. A 429's Retry-After replaces it.
     retry_base_s: float = Field(default=2.0, gt=0)
-    retry_max_s: float = Field(default=300.0, gt=0)
+    #: The longest wait between two tries: after an outage the queue drains within about this.
+    retry_max_s: float = Field(default=30.0, gt=0)
+    #: Messages (posts and edits) per second to the channel, and how many may go at once:
+    #: Slack allows about one per second per channel. Calls wait for their turn.
+    messages_per_s: float = Field(default=1.0, gt=0, le=50)
+    message_burst: int = Field(default=2, ge=1, le=50)
+    #: A message Slack refused for good (a token being rotated, a channel renamed) is kept as a
+    #: dead letter and tried again this often, up to ``dead_letter_retries`` times.
+    dead_letter_retry_s: float = Field(default=900.0, gt=0)
+    dead_letter_retries: int = Field(default=8, ge=0, le=1000)
     #: A post whose answer never came is looked for in the channel (by its marker) and posted
     #: again only when it is still absent this long after it was sent: a request Slack is
     #: still processing must not become a second message.
@@ -180,6 +189,21 @@ class DaemonSettings(_Section):
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     #: How often queued notifications are retried while Slack is unreachable.
     outbox_retry_s: float = Field(default=5.0, gt=0)
+    #: An incident's first message waits until it has held this long (Alertmanager's
+    #: ``group_wait``, Prometheus' ``for``); default: one ``confirm_window``.
+    pending_for_s: float | None = Field(default=None, ge=0)
+    #: An incident is resolved once it has been clear this long (``keep_firing_for``); default:
+    #: two ``diagnose_interval_s`` plus one ``confirm_window``.
+    resolve_after_s: float | None = Field(default=None, ge=0)
+    #: An incident back within this of its resolution reopens its thread instead of a new post.
+    reopen_within_s: float = Field(default=1800.0, ge=0)
+    #: More incidents than this opening in one cycle: one digest, their details in its thread.
+    digest_threshold: int = Field(default=5, ge=1)
+    #: At most one thread reply per incident this often (severity changes and resolutions excepted).
+    reply_min_interval_s: float = Field(default=300.0, ge=0)
+    #: Without Slack: a URL every notification is POSTed to as JSON (any receiver; see
+    #: docs/daemon.md). No threads, no read-back.
+    notify_webhook_url: SecretStr | None = None
     #: Bearer token Alertmanager must send to POST /alertmanager; unset: the receiver is off.
     alertmanager_token: SecretStr | None = None
     #: Probe definitions (``probes/*.yaml``) run by the probe job.

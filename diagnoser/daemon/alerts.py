@@ -6,7 +6,8 @@ agree (:func:`finding_in_scope`). :class:`AlertReceiver` is what ``POST /alertma
 payload to: it answers at once and diagnoses in the background, once per ``groupKey`` within
 ``daemon.alert_group_cooldown_s``, at most ``daemon.alert_concurrency`` at a time, and refuses
 (``busy``) beyond ``daemon.alert_backlog`` waiting. When this replica notifies, the report is
-queued for Slack in the thread of the finding it concerns. ::
+queued for Slack in the thread of the incident it concerns: the incident of a finding it holds,
+else the open incident about the service the alert names. ::
 
     scopes = alert_scopes(payload)          # [{"namespace": "shop", "service": "checkout"}]
     outcome, detail = receiver.accept(payload)
@@ -23,10 +24,10 @@ from typing import Any, Protocol
 
 from diagnoser.daemon.jobs import JobHost
 from diagnoser.daemon.schedule import GuardedRun
-from diagnoser.daemon.state import fingerprint
 from diagnoser.engine.scope import in_label_scope
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.outbox import NotificationKind
+from diagnoser.notify.payloads import AlertReportPayload
 
 __all__ = ["NON_SCOPE_LABELS", "AlertReceiver", "alert_name", "alert_scopes", "finding_in_scope"]
 
@@ -150,12 +151,17 @@ class AlertReceiver:
         state = self.host.state
         if self.host.notifies and state is not None:
             scope = scopes[0] if len(scopes) == 1 else {}
-            threaded = (fingerprint(f) for f in findings)
-            thread_of = next((fp for fp in threaded if state.thread_of(fp)[1] is not None), None)
+            held = (state.incident_of(f.identity) for f in findings)
+            incident = next((i for i in held if i is not None), None)
+            services = {s.get("service") or s.get("job") for s in scopes} - {None, ""}
+            if incident is None and len(services) == 1:
+                incident = state.incident_for_service(str(services.pop()))
+            threaded = next((f.identity for f in findings if state.thread_of(f.identity)[1]), None)
             state.enqueue(
                 NotificationKind.alert_report,
-                {"diagnosis": scoped.model_dump(mode="json"), "alert": name, "scope": scope},
-                fingerprint=thread_of,
+                AlertReportPayload(diagnosis=scoped, alert=name, scope=scope),
+                fingerprint=threaded,
+                incident_id=incident,
             )
             self.host.wake_outbox()
         return scoped

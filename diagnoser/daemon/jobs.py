@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from diagnoser.config import DaemonSettings, Settings
+from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.leader import LeaderElector
 from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.schedule import JobSchedule
-from diagnoser.daemon.state import StateStore, fingerprint
+from diagnoser.daemon.state import StateStore
 from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis, Finding, Severity
 from diagnoser.notify.delivery import OutboxDelivery
@@ -49,6 +50,7 @@ class JobHost(Protocol):
     """What the jobs need from the daemon."""
 
     config: DaemonSettings
+    settings: Settings
     metrics: DaemonMetrics
     state: StateStore | None
 
@@ -74,6 +76,7 @@ class DiagnoseJob:
         self.runs = 0
         #: When the last diagnosis finished (monotonic), for readiness.
         self.last_finished: float | None = None
+        self.policy = IncidentPolicy.from_settings(host.settings)
 
     async def __call__(self) -> Diagnosis:
         host = self.host
@@ -105,16 +108,17 @@ class DiagnoseJob:
 
     def _record(self, state: StateStore, diagnosis: Diagnosis) -> list[OutboxEntry]:
         config = self.host.config
-        before = {fingerprint(f): f for f in state.active_findings()}
+        before = {f.identity: f for f in state.active_findings()}
         silenced = diagnosis.coverage.silenced if diagnosis.coverage else ()
         queued = state.reconcile(
             diagnosis,
             cooldown_s=config.cooldown_s,
             min_severity=Severity(config.notify_min_severity),
             notify=self.host.notifies,
-            silenced=[fingerprint(s) for s in silenced],
+            silenced=[s.identity for s in silenced],
+            policy=self.policy,
         )
-        _log_transitions(before, {fingerprint(f): f for f in state.active_findings()})
+        _log_transitions(before, {f.identity: f for f in state.active_findings()})
         self.host.metrics.notifications_queued.set(state.pending_count())
         return queued
 

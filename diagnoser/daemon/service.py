@@ -42,7 +42,9 @@ from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.delivery import OutboxDelivery
 from diagnoser.notify.outbox import render_entry
+from diagnoser.notify.sender import Sender
 from diagnoser.notify.slack_sender import SlackSender
+from diagnoser.notify.webhook_sender import JsonWebhookSender
 from diagnoser.ruleset import RuleSet
 from diagnoser.sources.kubernetes.credentials import Credentials, load_credentials
 
@@ -64,7 +66,7 @@ class Daemon:
         settings: Settings,
         *,
         rules: RuleSet | None = None,
-        sender: SlackSender | None = None,
+        sender: Sender | None = None,
         elector: LeaderElector | None = None,
         credentials: Credentials | None = None,
     ) -> None:
@@ -146,7 +148,7 @@ class Daemon:
         credentials = self.credentials or self._load_credentials()
         self.sources = build_sources(self.settings, credentials=credentials)
         if self.sender is None:
-            self.sender = SlackSender.from_settings(self.settings.slack)
+            self.sender = self._build_sender()
         delivery = None
         if self.sender is not None:
             delivery = OutboxDelivery(state, self.sender, self.metrics, render_entry, self.settings.slack)
@@ -155,6 +157,20 @@ class Daemon:
             self.elector = elector_for(
                 self.settings.kubernetes, self.config.leader_election, credentials=credentials
             )
+
+    def _build_sender(self) -> Sender | None:
+        """Slack when configured, else the JSON webhook when configured, else none."""
+        slack = SlackSender.from_settings(self.settings.slack)
+        if slack is not None:
+            return slack
+        url = self.config.notify_webhook_url
+        if url is None:
+            return None
+        rate = self.settings.slack
+        return JsonWebhookSender(
+            url.get_secret_value(), timeout_s=rate.timeout_s, messages_per_s=rate.messages_per_s,
+            burst=rate.message_burst,
+        )
 
     def _load_credentials(self) -> Credentials | None:
         """The Kubernetes credentials, read once for the source and leader election; ``None``

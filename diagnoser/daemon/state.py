@@ -1,16 +1,21 @@
 """The daemon's memory: which findings are active, what was notified, and what still must be sent.
 
-One SQLite file (a PersistentVolume in the cluster) holds two tables:
+One SQLite file (a PersistentVolume in the cluster) holds:
 
-- ``findings``: one row per fingerprint (rule id, cause and the finding's identifying labels),
-  with its severity, when it was first and last seen and last notified, and the Slack
-  thread (``ts``) its first message started;
-- ``outbox``: notifications not yet delivered, in the order they were decided.
+- ``findings``: one row per fingerprint (:attr:`~diagnoser.models.Finding.identity`: rule id,
+  cause and the finding's identifying labels), with its severity and when it was first and last
+  seen: what ``GET /findings`` lists;
+- ``incidents``: a cause and the findings it explains, or a symptom alone
+  (:mod:`~diagnoser.daemon.reconcile` decides about them), with the Slack message that
+  shows each (to edit) and the thread its replies go in;
+- ``outbox``: notifications not yet delivered, in the order they were decided; ``dead_letters``:
+  the ones the channel refused, tried again on a slow schedule.
 
-:meth:`StateStore.reconcile` compares a diagnosis with the active findings and, in one
-transaction, updates them and appends to the outbox: a new finding is notified once, a repeat
-within the cooldown is silent, a change of severity is notified, a finding that is gone is
-notified as resolved. Deciding and queueing in one transaction is what makes a restart neither
+:meth:`StateStore.reconcile` compares a diagnosis with the active findings and incidents and, in
+one transaction, updates them and appends to the outbox: an incident is posted once it has held
+for ``pending_for``, edited when it changes materially, reminded after the cooldown, resolved
+once clear for ``resolve_after``, reopened in its thread when it returns soon after. Deciding
+and queueing in one transaction is what makes a restart neither
 re-send nor forget: the sender takes entries from the head of the outbox and deletes each only
 once Slack accepted it. ::
 
@@ -30,42 +35,32 @@ twice).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from sqlite3 import Connection
 from typing import Any, Protocol
 
+from diagnoser.daemon.incidents import IncidentPolicy
+from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
 from diagnoser.models import Diagnosis, Finding, Severity
-from diagnoser.notify.outbox import NotificationKind, OutboxEntry
+from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
+from diagnoser.notify.payloads import DigestPayload, Payload, dump_payload
 
 __all__ = ["StateStore", "fingerprint"]
 
 
 class _Identified(Protocol):
-    """What identifies a finding: a Finding, or a finding a silence kept out of a run."""
-
     @property
-    def rule_id(self) -> str: ...
-
-    @property
-    def cause(self) -> str: ...
-
-    @property
-    def labels(self) -> Mapping[str, str]: ...
+    def identity(self) -> str: ...
 
 
 def fingerprint(finding: _Identified) -> str:
-    """Stable identity of a finding across runs: rule, cause and its identifying labels.
-
-    Measured values, titles and evidence change from run to run; they are not part of it.
-    """
-    key = json.dumps([finding.rule_id, finding.cause, sorted(finding.labels.items())], separators=(",", ":"))
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
+    """A finding's stable identity (defined once, on the model: :attr:`Finding.identity`)."""
+    return finding.identity
 
 
 def _finding_json(finding: Finding) -> dict[str, Any]:
@@ -74,8 +69,8 @@ def _finding_json(finding: Finding) -> dict[str, Any]:
     return data
 
 
-#: A decision of :meth:`StateStore.reconcile`: the finding's fingerprint, what to say, its payload.
-_Decision = tuple[str, NotificationKind, dict[str, Any]]
+#: Dead letters refused for reasons a retry cannot fix: a payload that does not render, a layout.
+_NOT_RETRIED = ("render", "invalid_blocks", "invalid_blocks_format", "msg_too_long", "invalid_payload")
 
 
 class StateStore:
@@ -116,40 +111,44 @@ class StateStore:
         notify: bool = True,
         now: float | None = None,
         silenced: Iterable[str] = (),
+        policy: IncidentPolicy | None = None,
     ) -> list[OutboxEntry]:
-        """Update the active findings from ``diagnosis`` and queue what must be said; return it.
+        """Update the active findings and incidents from ``diagnosis``; queue what must be said.
 
         ``notify=False`` (a replica that is not the leader) keeps the state in step without
         queueing anything, as if it had notified, so that it does not repeat the leader's
         messages once it takes over.
         A finding whose evidence came from a source that failed in this run is not resolved:
         its absence says nothing about it. Nor is one a silence keeps out of this run
-        (``silenced``: fingerprints): it is still there, only quiet.
+        (``silenced``: fingerprints): it is still there, only quiet. ``policy``: the incidents'
+        timing (default: none, every change said at once, with this ``cooldown_s``).
         """
         now = time.time() if now is None else now
+        policy = policy or IncidentPolicy(cooldown_s=cooldown_s)
         failed_sources = {error.source for error in diagnosis.errors}
         seen: dict[str, Finding] = {}
         for finding in diagnosis.findings:
             if finding.severity.rank >= min_severity.rank:
-                seen.setdefault(fingerprint(finding), finding)  # the first of duplicates counts
+                seen.setdefault(finding.identity, finding)  # the first of duplicates counts
         with self._write("record the diagnosis"):
             active = {
-                row[0]: row
-                for row in self._db.execute(
-                    "SELECT fingerprint, severity, last_notified, finding FROM findings WHERE status='active'"
-                )
+                row[0]: row[1]
+                for row in self._db.execute("SELECT fingerprint, finding FROM findings WHERE status='active'")
             }
-            queued: list[_Decision] = []
             for fp, finding in seen.items():
-                queued += self._record_present(fp, finding, active.get(fp), cooldown_s=cooldown_s, now=now)
-            quiet = set(seen) | set(silenced)
-            for fp, (_, _, _, stored) in active.items():
-                if fp not in quiet:
+                self._record_present(fp, finding, fp in active, now=now)
+            carried = set(silenced)
+            for fp, stored in active.items():
+                if fp not in seen and fp not in carried:
                     gone = Finding.model_validate_json(stored)
-                    queued += self._resolve_absent(fp, gone, failed_sources, now)
-            entries = (
-                [self._enqueue(fp, kind, payload, now) for fp, kind, payload in queued] if notify else []
-            )
+                    if failed_sources.intersection(e.source for e in gone.evidence):
+                        carried.add(fp)
+                    else:
+                        self._db.execute("UPDATE findings SET status='resolved' WHERE fingerprint=?", (fp,))
+            book = IncidentBook(self._db, policy, now=now, notify=notify)
+            decisions = book.reconcile(list(seen.values()), carried=carried)
+            entries = [self._enqueue(d.payload_fingerprint, d.kind, d.payload, now, d.incident_id)
+                       for d in decisions]
             self._db.execute(
                 "INSERT INTO meta (key, value) VALUES ('last_diagnosis_at', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
@@ -157,72 +156,50 @@ class StateStore:
             )
         return entries
 
-    def _record_present(
-        self, fp: str, finding: Finding, previous: tuple[Any, ...] | None, *, cooldown_s: float, now: float
-    ) -> list[_Decision]:
-        """Insert or update a finding present in this run; what to say about it, if anything."""
+    def _record_present(self, fp: str, finding: Finding, known: bool, *, now: float) -> None:
+        """Insert or update a finding present in this run."""
         body = json.dumps(_finding_json(finding))
-        if previous is None:
+        if not known:
             self._db.execute(
                 "INSERT INTO findings (fingerprint, rule_id, cause, severity, status, finding,"
                 " first_seen, last_seen, last_notified) VALUES (?,?,?,?,'active',?,?,?,?)"
                 " ON CONFLICT(fingerprint) DO UPDATE SET severity=excluded.severity,"
                 " status='active', finding=excluded.finding, first_seen=excluded.first_seen,"
-                " last_seen=excluded.last_seen, last_notified=excluded.last_notified",
+                " last_seen=excluded.last_seen",
                 (fp, finding.rule_id, finding.cause, finding.severity.value, body, now, now, now),
             )
-            return [(fp, NotificationKind.new, {"finding": _finding_json(finding)})]
-        _, old_severity, last_notified, _ = previous
-        kind: NotificationKind | None = None
-        if old_severity != finding.severity.value:
-            kind = NotificationKind.severity_changed
-        elif last_notified is None or now - float(last_notified) >= cooldown_s:
-            kind = NotificationKind.repeat
+            return
         self._db.execute(
-            "UPDATE findings SET severity=?, finding=?, last_seen=?,"
-            " last_notified=CASE WHEN ? THEN ? ELSE last_notified END WHERE fingerprint=?",
-            (finding.severity.value, body, now, kind is not None, now, fp),
+            "UPDATE findings SET severity=?, finding=?, last_seen=? WHERE fingerprint=?",
+            (finding.severity.value, body, now, fp),
         )
-        if kind is None:
-            return []
-        payload: dict[str, Any] = {"finding": _finding_json(finding)}
-        if kind is NotificationKind.severity_changed:
-            payload["previous_severity"] = old_severity
-        return [(fp, kind, payload)]
-
-    def _resolve_absent(
-        self, fp: str, finding: Finding, failed_sources: set[str], now: float
-    ) -> list[_Decision]:
-        """Resolve an active finding this run did not report, unless a source it reads failed."""
-        if failed_sources.intersection(e.source for e in finding.evidence):
-            return []
-        self._db.execute(
-            "UPDATE findings SET status='resolved', last_notified=? WHERE fingerprint=?", (now, fp)
-        )
-        return [(fp, NotificationKind.resolved, {"finding": _finding_json(finding), "resolved_at": now})]
 
     def enqueue(
-        self, kind: NotificationKind, payload: dict[str, Any], fingerprint: str | None = None
+        self, kind: NotificationKind, payload: Payload, fingerprint: str | None = None,
+        *, incident_id: int | None = None,
     ) -> OutboxEntry:
-        """Queue a notification that is not a finding's transition (an Alertmanager report)."""
+        """Queue a notification that is not an incident's transition (an Alertmanager report)."""
         with self._write("queue a notification"):
-            entry = self._enqueue(fingerprint, kind, payload, time.time())
+            entry = self._enqueue(fingerprint, kind, payload, time.time(), incident_id)
         return entry
 
     def _enqueue(
-        self, fp: str | None, kind: NotificationKind, payload: dict[str, Any], now: float
+        self, fp: str | None, kind: NotificationKind, payload: Payload, now: float,
+        incident_id: int | None = None,
     ) -> OutboxEntry:
+        raw = dump_payload(payload)
         cursor = self._db.execute(
-            "INSERT INTO outbox (fingerprint, kind, payload, created_at) VALUES (?,?,?,?)",
-            (fp, kind.value, json.dumps(payload), now),
+            "INSERT INTO outbox (fingerprint, kind, payload, created_at, incident_id) VALUES (?,?,?,?,?)",
+            (fp, kind.value, raw, now, incident_id),
         )
-        return OutboxEntry(int(cursor.lastrowid or 0), fp, kind, payload, now, 0)
+        entry_id = int(cursor.lastrowid or 0)
+        return OutboxEntry(entry_id, fp, kind, json.loads(raw), now, 0, incident_id=incident_id)
 
     # --- delivering --------------------------------------------------------------------------
 
     _ENTRY_COLUMNS = (
         "id, fingerprint, kind, payload, created_at, attempts, marker, next_attempt_at,"
-        " attempt_started_at, last_error"
+        " attempt_started_at, last_error, incident_id"
     )
 
     def pending(self, limit: int = 100) -> list[OutboxEntry]:
@@ -235,6 +212,7 @@ class StateStore:
             OutboxEntry(
                 int(r[0]), r[1], NotificationKind(r[2]), json.loads(r[3]), float(r[4]), int(r[5]),
                 r[6], float(r[7] or 0), None if r[8] is None else float(r[8]), r[9],
+                None if r[10] is None else int(r[10]),
             )
             for r in rows
         ]
@@ -268,16 +246,33 @@ class StateStore:
                 (error[:500], retry_at, 1 if count_attempt else 0, in_doubt, entry_id),
             )
 
-    def dead_letter(self, entry_id: int, error: str, *, now: float | None = None) -> None:
-        """Move an entry Slack will never take out of the queue into ``dead_letters``, kept for people."""
+    def reset_backoff(self, *, except_id: int) -> None:
+        """The channel took a message: the others wait no longer for the outage that is over."""
+        with self._write("reset the backoff") as db:
+            db.execute(
+                "UPDATE outbox SET next_attempt_at=0, attempts=0 WHERE id!=? AND next_attempt_at>0"
+                " AND attempt_started_at IS NULL",
+                (except_id,),
+            )
+
+    def dead_letter(self, entry_id: int, error: str, *, reason: str = "", now: float | None = None) -> None:
+        """Move an entry the channel refused out of the queue into ``dead_letters`` (retried slowly).
+
+        An incident whose first message is dead-lettered is marked so: its resolution is never
+        posted, and its other messages wait with it.
+        """
         now = time.time() if now is None else now
         with self._write("dead-letter a notification") as db:
             db.execute(
                 "INSERT OR REPLACE INTO dead_letters (id, fingerprint, kind, payload, created_at, attempts,"
-                " error, dead_at) SELECT id, fingerprint, kind, payload, created_at, attempts, ?, ?"
-                " FROM outbox WHERE id=?",
-                (error[:500], now, entry_id),
+                " error, dead_at, incident_id, marker, reason, retries) SELECT id, fingerprint, kind,"
+                " payload, created_at, attempts, ?, ?, incident_id, marker, ?, retries FROM outbox"
+                " WHERE id=?",
+                (error[:500], now, reason, entry_id),
             )
+            row = db.execute("SELECT kind, incident_id FROM outbox WHERE id=?", (entry_id,)).fetchone()
+            if row is not None and row[0] == NotificationKind.new.value and row[1] is not None:
+                db.execute("UPDATE incidents SET landed=-1 WHERE id=?", (row[1],))
             db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
 
     def dead_letters(self) -> list[tuple[int, str, str]]:
@@ -286,30 +281,104 @@ class StateStore:
             rows = db.execute("SELECT id, kind, error FROM dead_letters ORDER BY id").fetchall()
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
+    def retry_dead_letters(
+        self, *, older_than_s: float = 0.0, max_retries: int | None = None, now: float | None = None
+    ) -> int:
+        """Put dead letters back in the queue, in their place (their own ids); how many.
+
+        Those dead for ``older_than_s`` at least and retried fewer than ``max_retries`` times
+        (``None``: any; a replay); never one whose payload cannot render or whose layout Slack
+        refused. Its incident's first message counts as not landed again until it is sent.
+        """
+        now = time.time() if now is None else now
+        placeholders = ",".join("?" * len(_NOT_RETRIED))
+        with self._write("retry the dead letters") as db:
+            ids = [int(r[0]) for r in db.execute(
+                f"SELECT id FROM dead_letters WHERE dead_at<=? AND retries<? AND COALESCE(reason, '')"
+                f" NOT IN ({placeholders}) ORDER BY id",
+                (now - older_than_s, 10**9 if max_retries is None else max_retries, *_NOT_RETRIED),
+            )]
+            for entry_id in ids:
+                db.execute(
+                    "INSERT INTO outbox (id, fingerprint, kind, payload, created_at, attempts, marker,"
+                    " incident_id, retries, last_error) SELECT id, fingerprint, kind, payload, created_at, 0,"
+                    " marker, incident_id, retries+1, error FROM dead_letters WHERE id=?",
+                    (entry_id,),
+                )
+                db.execute(
+                    "UPDATE incidents SET landed=0 WHERE landed=-1 AND id=(SELECT incident_id FROM"
+                    " dead_letters WHERE id=? AND kind='new')",
+                    (entry_id,),
+                )
+                db.execute("DELETE FROM dead_letters WHERE id=?", (entry_id,))
+        return len(ids)
+
     def mark_sent(
         self, entry_id: int, *, channel: str | None = None, ts: str | None = None, starts_thread: bool = False
     ) -> None:
-        """Drop a delivered entry; remember the thread its finding's first message started.
+        """Drop a delivered entry; remember where its incident's message and thread are.
 
         ``starts_thread``: this message (a reply reposted at top level because its thread was
-        gone) is where the finding's later messages now go.
+        gone) is where the incident's later messages now go.
         """
         with self._write("record a delivery") as db:
-            row = db.execute("SELECT fingerprint, kind FROM outbox WHERE id=?", (entry_id,)).fetchone()
+            row = db.execute("SELECT fingerprint, kind, incident_id, payload FROM outbox WHERE id=?",
+                             (entry_id,)).fetchone()
             db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
-            if row is not None and row[0] and ts and (starts_thread or row[1] == NotificationKind.new.value):
+            if row is None:
+                return
+            fp, kind, incident, raw = row
+            if kind == NotificationKind.digest.value and ts:
+                for member in DigestPayload.model_validate_json(raw).incident_ids:
+                    db.execute(
+                        "UPDATE incidents SET channel=?, thread_ts=? WHERE id=?", (channel, ts, member)
+                    )
+            elif incident is not None and kind == NotificationKind.new.value:
                 db.execute(
-                    "UPDATE findings SET slack_channel=?, slack_ts=? WHERE fingerprint=?",
-                    (channel, ts, row[0]),
+                    "UPDATE incidents SET landed=1, channel=COALESCE(?, channel), message_ts=?,"
+                    " thread_ts=COALESCE(thread_ts, ?) WHERE id=?",
+                    (channel, ts, ts, incident),
+                )
+            elif incident is not None and starts_thread and ts:
+                db.execute("UPDATE incidents SET channel=?, thread_ts=? WHERE id=?", (channel, ts, incident))
+            if fp and ts and (starts_thread or kind == NotificationKind.new.value):
+                db.execute(
+                    "UPDATE findings SET slack_channel=?, slack_ts=? WHERE fingerprint=?", (channel, ts, fp)
                 )
 
+    def incident_thread(self, incident_id: int) -> IncidentThread | None:
+        """Where an incident's message and thread are, and whether its first message landed."""
+        with self._reading("read an incident") as db:
+            row = db.execute(
+                "SELECT channel, message_ts, thread_ts, landed FROM incidents WHERE id=?", (incident_id,)
+            ).fetchone()
+        return IncidentThread(row[0], row[1], row[2], int(row[3])) if row else None
+
     def thread_of(self, fp: str) -> tuple[str | None, str | None]:
-        """``(channel, ts)`` of the message that started this finding's thread, if known."""
+        """``(channel, ts)`` of the thread of this finding's newest incident (or its own), if known."""
         with self._reading("read a thread") as db:
             row = db.execute(
-                "SELECT slack_channel, slack_ts FROM findings WHERE fingerprint=?", (fp,)
+                "SELECT channel, thread_ts FROM incidents WHERE members LIKE ? AND thread_ts IS NOT NULL"
+                " ORDER BY id DESC LIMIT 1",
+                (f'%"{fp}"%',),
             ).fetchone()
+            if row is None:
+                row = db.execute(
+                    "SELECT slack_channel, slack_ts FROM findings WHERE fingerprint=?", (fp,)
+                ).fetchone()
         return (row[0], row[1]) if row else (None, None)
+
+    def incident_for_service(self, service: str) -> int | None:
+        """The newest open incident about ``service`` whose thread is known (an alert's report goes there)."""
+        with self._reading("find an incident") as db:
+            for incident_id, view in db.execute(
+                "SELECT id, view FROM incidents WHERE status='open' AND thread_ts IS NOT NULL"
+                " ORDER BY id DESC"
+            ):
+                labels = json.loads(view).get("lead", {}).get("labels", {})
+                if service in (labels.get("service"), labels.get("job")):
+                    return int(incident_id)
+        return None
 
     def remember(self, key: str, value: str) -> None:
         """Keep a small fact across restarts (the Slack channel's id)."""
@@ -327,8 +396,13 @@ class StateStore:
 
     # --- reading -----------------------------------------------------------------------------
 
-
-    # --- reading -----------------------------------------------------------------------------
+    def incident_of(self, fp: str) -> int | None:
+        """The newest incident holding this finding, if any."""
+        with self._reading("find an incident") as db:
+            row = db.execute(
+                "SELECT id FROM incidents WHERE members LIKE ? ORDER BY id DESC LIMIT 1", (f'%"{fp}"%',)
+            ).fetchone()
+        return int(row[0]) if row else None
 
     def active_findings(self) -> list[Finding]:
         rows = self._db.execute("SELECT finding FROM findings WHERE status='active' ORDER BY first_seen")

@@ -1,7 +1,7 @@
 """The state file itself: one SQLite file that is opened safely, set aside when corrupted, and written whole.
 
 :class:`StateFile` opens the file in WAL mode, creates or upgrades its tables (``findings``,
-``outbox``, ``dead_letters``, ``meta``) and writes once at start, so a path that cannot be
+``incidents``, ``outbox``, ``dead_letters``, ``meta``) and writes once at start, so a path that cannot be
 opened or written (missing permission, read-only, a directory) is refused before the daemon runs.
 A file that is not a valid SQLite database is set aside (renamed ``<name>.corrupt-<UTC time>``)
 and a fresh one started. Every failure comes out as one
@@ -59,6 +59,23 @@ CREATE TABLE IF NOT EXISTS meta (
     key    TEXT PRIMARY KEY,
     value  TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS incidents (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    status         TEXT NOT NULL CHECK (status IN ('pending', 'open', 'resolved', 'merged')),
+    members        TEXT NOT NULL,
+    view           TEXT NOT NULL,
+    opened_at      REAL NOT NULL,
+    last_seen      REAL NOT NULL,
+    cleared_at     REAL,
+    resolved_at    REAL,
+    last_reply_at  REAL,
+    last_notified  REAL,
+    last_edit_at   REAL,
+    landed         INTEGER NOT NULL DEFAULT 0,
+    channel        TEXT,
+    message_ts     TEXT,
+    thread_ts      TEXT
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id           INTEGER PRIMARY KEY,
     fingerprint  TEXT,
@@ -70,7 +87,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     dead_at      REAL NOT NULL
 );
 """
-#: Outbox columns added after the first release; an older file gains them when opened.
+#: Columns added after the first release, by table; an older file gains them when opened.
+_ADDED_COLUMNS: dict[str, dict[str, str]] = {}
 _OUTBOX_ADDED_COLUMNS = {
     # The id the message carries (Slack message metadata), to find it again after an answer
     # that never came.
@@ -80,6 +98,18 @@ _OUTBOX_ADDED_COLUMNS = {
     # Set before each post and cleared when its outcome is known: still set means the post
     # may have reached Slack (timeout, crash) and must be looked for before it is sent again.
     "attempt_started_at": "REAL",
+    # The incident it is about (threads, edits, and holding a reply whose first message failed).
+    "incident_id": "INTEGER",
+    # How many times it came back from the dead letters.
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+}
+_ADDED_COLUMNS["outbox"] = _OUTBOX_ADDED_COLUMNS
+_ADDED_COLUMNS["dead_letters"] = {
+    "incident_id": "INTEGER",
+    "marker": "TEXT",
+    # What refused it (``invalid_auth``...): only refusals are retried on the slow schedule.
+    "reason": "TEXT",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
 }
 #: Less free space than this next to the state file, and an I/O error is a full disk.
 _FULL_BELOW_BYTES = 64 * 1024
@@ -182,10 +212,11 @@ class StateFile:
                     reason="corrupt",
                 )
             db.executescript(_SCHEMA)
-            present = {row[1] for row in db.execute("PRAGMA table_info(outbox)")}
-            for column, declaration in _OUTBOX_ADDED_COLUMNS.items():
-                if column not in present:
-                    db.execute(f"ALTER TABLE outbox ADD COLUMN {column} {declaration}")
+            for table, added in _ADDED_COLUMNS.items():
+                present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                for column, declaration in added.items():
+                    if column not in present:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             # A write now, so a read-only file or a full disk is found at start, not mid-run.
             db.execute(
                 "INSERT INTO meta (key, value) VALUES ('opened_at', ?)"
@@ -250,5 +281,3 @@ class StateFile:
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             self.db.close()
-
-    # --- deciding ----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The terminal view: what a tired engineer reads first at 3 a.m.
 
 One block per finding, most important first: number, severity and cause on the first line, then
-the summary (the measured value and threshold), the evidence as ``name=value (threshold)``, what
-to do, and the runbook. Blocks wrap to the terminal's width (80 columns included) with a hanging
+the summary (the measured value and threshold), the evidence as readable lines (``waiting: 30
+requests waiting for a connection (threshold 0)``, units formatted), what to do, and the runbook.
+Blocks wrap to the terminal's width (80 columns included) with a hanging
 indent, and a URL is never folded: on a terminal the runbook is a short OSC-8 hyperlink; elsewhere
 it has a line of its own, and one too long for the width is given as the rule id with the
 runbook base printed once below. Source errors follow, then one coverage line, so an incomplete
@@ -124,31 +125,22 @@ def _split_runbook(url: str) -> tuple[str, str]:
 
 
 def _evidence_lines(evidence: list[Evidence], verbose: bool, summary: str = "") -> list[Text]:
-    """``name=value (threshold)`` per evidence row; without ``verbose``, the first row per name
-    and no detail the summary already says."""
+    """One readable line per evidence row (what it measures, its value with units, the threshold);
+    without ``verbose``, the first row per name, no labels and no detail the summary already says."""
     lines: list[Text] = []
     seen: set[str] = set()
     for row in evidence:
-        name = row.name or "value"
+        name = row.reads or "value"
         if not verbose and name in seen:
             continue
         seen.add(name)
-        text = Text()
-        if row.value is not None:
-            text.append(f"{name}={row.value:.4g}")
-            if row.threshold is not None:
-                text.append(f" ({row.threshold:.4g})")
-        # The convention that answered is for the verbose view; its caveat always shows.
-        detail = row.annotation if verbose else "; ".join(p for p in (row.detail, row.caveat) if p)
-        if not verbose and row.detail and row.detail in summary:
-            detail = row.caveat or ""
-        if detail:
-            if not verbose and len(detail) > _DETAIL_CHARS:
-                detail = detail[: _DETAIL_CHARS - 3] + "..."
-            text.append((" " if len(text) else "") + detail)
-        if verbose and row.labels:
-            where = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
-            text.append(f" [{row.source}: {where}]", style="dim")
+        if verbose:
+            text = Text(row.line(said=""))
+        else:
+            line = row.short(said=summary)
+            if len(line) > _DETAIL_CHARS:
+                line = line[: _DETAIL_CHARS - 3] + "..."
+            text = Text(line)
         if len(text):
             lines.append(text)
     return lines

@@ -1,4 +1,4 @@
-"""Delivering the outbox to Slack: in order, once, without ever holding up a diagnosis.
+"""Delivering the outbox through a :class:`~diagnoser.notify.sender.Sender`: in order, once, never waited for.
 
 The daemon's *outbox* job calls :meth:`OutboxDelivery.flush`; the diagnose job only queues (in
 the state store, in the transaction that decides what to say) and wakes the job up, so a slow,
@@ -20,8 +20,18 @@ and stops at the first one that must wait, so messages keep their order:
 - **a permanent refusal** (``channel_not_found``, ``invalid_auth``, ``not_in_channel``, a
   webhook's 403/404...) moves the entry to the state's ``dead_letters`` table with an ERROR log
   line and ``diagnoser_notifications_dead_lettered_total{kind, reason}``, and the queue goes on;
+  dead letters are put back in their place every ``slack.dead_letter_retry_s`` (a token being
+  rotated must not lose messages for good). A message about an incident whose first message is a
+  dead letter waits with it (never a "Resolved" for an incident nobody was told about);
   refused blocks are retried as plain text; a reply whose thread is gone
-  (``thread_not_found``) is posted at top level and becomes the finding's new thread. ::
+  (``thread_not_found``) is posted at top level and becomes the incident's new thread.
+- **a success** resets the other entries' backoff: after an outage the queue drains at the
+  sender's rate (about one message per second), in order.
+
+An incident's entry is an *edit* of its message (``chat.update``, when the sender can), a *reply*
+in its thread (:func:`~diagnoser.notify.outbox.render_reply`), or both: the edit first (it is
+idempotent), then the reply, which carries the marker. A sender without threads posts only an
+incident's first message and its resolution. ::
 
     delivery = OutboxDelivery(store, sender, metrics, render_entry, settings.slack)
     await delivery.flush()
@@ -34,21 +44,26 @@ import random
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
 from prometheus_client import Counter
 
 from diagnoser.config import SlackSettings
-from diagnoser.notify.outbox import NotificationKind, OutboxEntry, OutboxStore
+from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry, OutboxStore, render_reply
+from diagnoser.notify.payloads import FindingPayload, IncidentPayload
+from diagnoser.notify.sender import Delivery, Sender
 from diagnoser.notify.slack import SlackMessage
-from diagnoser.notify.slack_sender import SlackDelivery, SlackSender, SlackSendError
+from diagnoser.notify.slack_sender import SlackSendError
 
 __all__ = ["DeliveryMetrics", "OutboxDelivery", "backoff_s"]
 
 log = logging.getLogger(__name__)
 
 _CHANNEL_KEY = "slack_channel_id"
+#: Said in a thread even by a sender without threads (an incoming webhook posts new and resolved).
+_WITHOUT_THREADS = frozenset({NotificationKind.resolved})
 
 
 class DeliveryMetrics(Protocol):
@@ -67,6 +82,16 @@ class _Lookup(Enum):
     wait = "wait"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one entry does: edit its incident's message, post (top level or in a thread), or both."""
+
+    edit_ts: str | None
+    edited: SlackMessage | None
+    post: SlackMessage | None
+    thread_ts: str | None
+
+
 def backoff_s(
     attempt: int, *, base_s: float, max_s: float, rng: Callable[[], float] = random.random
 ) -> float:
@@ -77,12 +102,12 @@ def backoff_s(
 
 
 class OutboxDelivery:
-    """Sends due outbox entries through a :class:`SlackSender`; see the module docstring."""
+    """Sends due outbox entries through a :class:`Sender`; see the module docstring."""
 
     def __init__(
         self,
         state: OutboxStore,
-        sender: SlackSender,
+        sender: Sender,
         metrics: DeliveryMetrics,
         render: Callable[[OutboxEntry], SlackMessage],
         settings: SlackSettings,
@@ -95,47 +120,113 @@ class OutboxDelivery:
         self.render = render
         self.settings = settings
         self.clock = clock
+        self._dead_checked = clock()
         if sender.channel_id is None:
             sender.channel_id = state.recall(_CHANNEL_KEY)
 
     async def flush(self) -> None:
         """Deliver the due entries oldest first; stop at the first one that must wait."""
+        self._retry_dead_letters()
         for entry in self.state.pending():
             if entry.next_attempt_at > self.clock():
                 return
             if not await self._deliver(entry):
                 return
 
+    def _retry_dead_letters(self) -> None:
+        """Every tenth of ``dead_letter_retry_s``, put back the dead letters due for another try."""
+        now = self.clock()
+        if now - self._dead_checked < self.settings.dead_letter_retry_s / 10:
+            return
+        self._dead_checked = now
+        count = self.state.retry_dead_letters(
+            older_than_s=self.settings.dead_letter_retry_s,
+            max_retries=self.settings.dead_letter_retries,
+            now=now,
+        )
+        if count:
+            log.warning("%d dead-lettered notification(s) queued again for another try", count)
+
     async def _deliver(self, entry: OutboxEntry) -> bool:
-        thread_ts = None
-        if self.sender.threads and entry.fingerprint and entry.kind is not NotificationKind.new:
-            _, thread_ts = self.state.thread_of(entry.fingerprint)
-        if entry.in_doubt:
-            outcome = await self._look_for(entry, thread_ts)
-            if outcome is _Lookup.found:
-                return True
-            if outcome is _Lookup.wait:
-                return False
+        incident = self.state.incident_thread(entry.incident_id) if entry.incident_id is not None else None
+        if incident is not None and incident.landed < 0 and entry.kind is not NotificationKind.new:
+            # Its first message never reached the channel: it waits with it (and is retried with it).
+            self._dead_letter(entry, "its incident's first message never reached the channel",
+                              reason="first_not_landed")
+            return True
         try:
-            message = self.render(entry)
+            plan = self._plan(entry, incident)
         except Exception:  # a payload that cannot be rendered would block the queue forever
             log.exception("dead-lettering outbox entry %d: cannot render it", entry.id)
             self._dead_letter(entry, "cannot render", reason="render")
             return True
+        if plan.post is None:
+            return await self._edit_only(entry, plan)
+        if entry.in_doubt:
+            outcome = await self._look_for(entry, plan.thread_ts)
+            if outcome is _Lookup.found:
+                return True
+            if outcome is _Lookup.wait:
+                return False
         marker = entry.marker or f"dgn-{entry.id}-{secrets.token_hex(6)}"
         # Written before the post: if the process dies before the answer, the next start knows
         # this entry may be in the channel already.
         self.state.begin_attempt(entry.id, marker=marker, now=self.clock())
         try:
-            delivery, new_thread = await self._post(entry, message, thread_ts, marker)
+            await self._edit(entry, plan)
+            delivery, new_thread = await self._post(entry, plan.post, plan.thread_ts, marker)
         except SlackSendError as exc:
             return self._failed(entry, exc)
         self._delivered(entry, delivery, starts_thread=new_thread)
         return True
 
+    def _plan(self, entry: OutboxEntry, incident: IncidentThread | None) -> _Plan:
+        caps = self.sender.capabilities
+        kind = entry.kind
+        payload = entry.payload
+        thread = incident.thread_ts if incident is not None and caps.threads else None
+        if isinstance(payload, FindingPayload) or (incident is None and kind is not NotificationKind.digest):
+            # A report, or an entry an older version queued about one finding.
+            if caps.threads and entry.fingerprint and kind is not NotificationKind.new:
+                thread = self.state.thread_of(entry.fingerprint)[1]
+            return _Plan(None, None, self.render(entry), thread)
+        if kind is NotificationKind.digest:
+            return _Plan(None, None, self.render(entry), None)
+        assert incident is not None
+        if kind is NotificationKind.new:
+            in_digest = isinstance(payload, IncidentPayload) and payload.in_digest
+            return _Plan(None, None, self.render(entry), thread if in_digest else None)
+        if kind is NotificationKind.alert_report:
+            return _Plan(None, None, self.render(entry), thread)
+        edit_ts = incident.message_ts if caps.update else None
+        edited = self.render(entry) if edit_ts else None
+        reply = render_reply(entry)
+        if reply is not None and not caps.threads and kind not in _WITHOUT_THREADS:
+            reply = None
+        return _Plan(edit_ts, edited, reply, thread)
+
+    async def _edit(self, entry: OutboxEntry, plan: _Plan) -> None:
+        """Edit the incident's message in place; one that can no longer be edited is left as it is."""
+        if plan.edit_ts is None or plan.edited is None:
+            return
+        try:
+            await self.sender.update(plan.edited, ts=plan.edit_ts)
+        except SlackSendError as exc:
+            if not exc.permanent:
+                raise
+            log.warning("cannot edit the message of entry %d (%s); its thread still tells", entry.id, exc)
+
+    async def _edit_only(self, entry: OutboxEntry, plan: _Plan) -> bool:
+        try:
+            await self._edit(entry, plan)
+        except SlackSendError as exc:
+            return self._failed(entry, exc)
+        self._delivered(entry, Delivery(self.sender.channel_id, None))
+        return True
+
     async def _post(
         self, entry: OutboxEntry, message: SlackMessage, thread_ts: str | None, marker: str
-    ) -> tuple[SlackDelivery, bool]:
+    ) -> tuple[Delivery, bool]:
         try:
             return await self.sender.post(message, thread_ts=thread_ts, marker=marker), False
         except SlackSendError as exc:
@@ -154,16 +245,18 @@ class OutboxDelivery:
                 return await self.sender.post(message, thread_ts=None, marker=marker), True
             raise
 
-    def _delivered(self, entry: OutboxEntry, delivery: SlackDelivery, *, starts_thread: bool = False) -> None:
+    def _delivered(self, entry: OutboxEntry, delivery: Delivery, *, starts_thread: bool = False) -> None:
         self.state.mark_sent(entry.id, channel=delivery.channel, ts=delivery.ts, starts_thread=starts_thread)
         self.metrics.notifications_sent.labels(entry.kind.value).inc()
+        # The channel answers again: the others need not wait out the backoff of the outage.
+        self.state.reset_backoff(except_id=entry.id)
         channel = self.sender.channel_id
         if channel and self.state.recall(_CHANNEL_KEY) != channel:
             self.state.remember(_CHANNEL_KEY, channel)
         log.info("notified", extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts})
 
     def _dead_letter(self, entry: OutboxEntry, error: str, *, reason: str) -> None:
-        self.state.dead_letter(entry.id, error, now=self.clock())
+        self.state.dead_letter(entry.id, error, reason=reason, now=self.clock())
         self.metrics.notifications_dead_lettered.labels(entry.kind.value, reason).inc()
 
     def _failed(self, entry: OutboxEntry, exc: SlackSendError) -> bool:
@@ -200,7 +293,7 @@ class OutboxDelivery:
         now = self.clock()
         settles_at = entry.attempt_started_at + self.settings.in_doubt_settle_s
         settled = now >= settles_at
-        if not self.sender.can_read_back or entry.marker is None:
+        if not self.sender.capabilities.read_back or entry.marker is None:
             if not settled:
                 return self._wait_in_doubt(entry, "waiting before posting again", settles_at)
             log.warning(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diagnoser.models import Diagnosis, Finding
+from diagnoser.models import Diagnosis, Finding, evidence_unit, format_measure
 from diagnoser.redact import scrub_text
 
 __all__ = ["render_markdown"]
@@ -55,8 +55,9 @@ def _finding(index: int, finding: Finding) -> list[str]:
         ]
         for row in finding.evidence:
             labels = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
-            value = "" if row.value is None else f"{row.value:.4g}"
-            threshold = "" if row.threshold is None else f"{row.threshold:.4g}"
+            unit = evidence_unit(row)
+            value = "" if row.value is None else format_measure(row.value, unit)
+            threshold = "" if row.threshold is None else format_measure(row.threshold, unit)
             query = f"{row.source}: {_code(row.query)}" if row.query else row.source
             lines.append(
                 f"| {_cell(row.name or 'value')} | {value} | {threshold} | {_cell(labels)} | {query} "

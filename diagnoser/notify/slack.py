@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from diagnoser.models import Diagnosis, Evidence, Finding
+from diagnoser.models import Diagnosis, Finding
 
 __all__ = [
     "SECTION_MAX",
@@ -27,6 +27,7 @@ __all__ = [
     "button_block",
     "clip",
     "escape",
+    "evidence_lines",
     "header_block",
     "number",
     "render_alert_report",
@@ -35,6 +36,7 @@ __all__ = [
     "render_resolved",
     "render_severity_change",
     "section_block",
+    "severity_mark",
     "timestamp",
 ]
 
@@ -105,31 +107,27 @@ def _measured(finding: Finding) -> str:
     top = finding.evidence[0] if finding.evidence else None
     if top is None or top.value is None:
         return ""
-    if top.threshold is None:
-        return f"Measured *{number(top.value)}*"
-    return f"Measured *{number(top.value)}* against a threshold of *{number(top.threshold)}*"
+    return f"Measured: *{escape(top.line(finding.labels, finding.summary))}*"
 
 
-def _evidence_line(row: Evidence) -> str:
-    labels = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
-    parts = [f"{row.source}: {labels}" if labels else row.source]
-    if row.value is not None:
-        parts.append(f"= {number(row.value)}")
-    if row.threshold is not None:
-        parts.append(f"(threshold {number(row.threshold)})")
-    if row.annotation:
-        parts.append(row.annotation)
-    return escape("• " + " ".join(parts))
+def severity_mark(severity: str) -> str:
+    """The emoji Slack shows for a severity."""
+    return _SEVERITY_MARK.get(severity, "")
+
+
+def evidence_lines(finding: Finding, *, limit: int = _EVIDENCE_SHOWN) -> list[str]:
+    """The finding's evidence as readable bullet lines (names, units; its own labels not repeated)."""
+    lines = [escape("• " + row.line(finding.labels, finding.summary)) for row in finding.evidence[:limit]]
+    more = len(finding.evidence) - limit
+    if more > 0 and limit > 1:
+        lines.append(f"_and {more} more_")
+    return lines
 
 
 def _evidence(finding: Finding) -> list[dict[str, Any]]:
     if not finding.evidence:
         return []
-    lines = [_evidence_line(row) for row in finding.evidence[:_EVIDENCE_SHOWN]]
-    more = len(finding.evidence) - _EVIDENCE_SHOWN
-    if more > 0:
-        lines.append(f"_and {more} more_")
-    return [section_block("*Evidence*\n" + "\n".join(lines))]
+    return [section_block("*Evidence*\n" + "\n".join(evidence_lines(finding)))]
 
 
 def _runbook_button(finding: Finding) -> list[dict[str, Any]]:

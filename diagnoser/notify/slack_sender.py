@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -36,6 +35,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from diagnoser.config import SlackSettings
 from diagnoser.errors import SlackSendError
+from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
 from diagnoser.notify.slack import SlackMessage
 from diagnoser.redact import redact_url, scrub
 
@@ -99,12 +99,8 @@ _MAYBE_PROCESSED_ERRORS = frozenset({"internal_error", "fatal_error"})
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
 
 
-@dataclass(frozen=True)
-class SlackDelivery:
-    """Where a message landed: its channel and ``ts`` (``None`` for webhooks, which do not say)."""
-
-    channel: str | None
-    ts: str | None
+#: Where a message landed (the name the Slack sender's callers have used).
+SlackDelivery = Delivery
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -142,6 +138,8 @@ class SlackSender:
         )
         self._web: AsyncWebClient | None = None
         self._webhook: AsyncWebhookClient | None = None
+        # Slack's limit is about one message per second per channel: calls wait for their turn.
+        self._bucket = TokenBucket(settings.messages_per_s, settings.message_burst)
         if settings.token is not None:
             if not settings.channel:
                 raise SlackSendError("slack.token is set but slack.channel is not")
@@ -162,6 +160,12 @@ class SlackSender:
         if settings.token is None and settings.webhook_url is None:
             return None
         return cls(settings)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """A bot token threads, edits and reads back; an incoming webhook only posts."""
+        web = self._web is not None
+        return Capabilities(threads=web, update=web, read_back=web)
 
     @property
     def threads(self) -> bool:
@@ -186,6 +190,7 @@ class SlackSender:
         """Post ``message`` (into ``thread_ts``'s thread when given and possible), carrying ``marker``."""
         # Last line of defence: a source error or label quoting a URL with credentials.
         message = SlackMessage(scrub(message.text), scrub(message.blocks))
+        await self._bucket.take()
         try:
             if self._web is not None:
                 return await self._post_web(message, thread_ts, marker)
@@ -194,6 +199,25 @@ class SlackSender:
         except Exception as exc:
             raise _classified(exc) from exc
         raise SlackSendError("Slack is not configured", permanent=True)
+
+    async def update(self, message: SlackMessage, *, ts: str, channel: str | None = None) -> Delivery:
+        """Edit the message ``ts`` in place (``chat.update``; a bot token only)."""
+        if self._web is None:
+            raise SlackSendError(
+                "an incoming webhook cannot edit a message", permanent=True, error="not_supported"
+            )
+        message = SlackMessage(scrub(message.text), scrub(message.blocks))
+        await self._bucket.take()
+        try:
+            where = channel or await self._resolve_channel()
+            response = await self._web.chat_update(
+                channel=where, ts=ts, text=message.text, blocks=message.blocks or [],
+            )
+        except SlackSendError:
+            raise
+        except Exception as exc:
+            raise _classified(exc) from exc
+        return Delivery(str(response.get("channel") or where), str(response.get("ts") or ts))
 
     async def find_posted(self, marker: str, *, thread_ts: str | None, since: float) -> SlackDelivery | None:
         """The message carrying ``marker`` posted at or after ``since`` (epoch seconds), if any.

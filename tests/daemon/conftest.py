@@ -41,7 +41,7 @@ summary: "{{namespace}}/{{service}} pool {{pool}}: {{value:.0%}} of connections 
 explains: [latency_slo_breach]
 when:
   - promql:
-      query: max by (namespace, service, pool) (shop_pool_used_ratio{{service="{job}"}})
+      query: max by (namespace, service, pool) (shop_pool_used_ratio{{service=~"{job}"}})
       op: ">="
       threshold: 0.9
 recommendation: "Raise pool {{pool}} of {{service}} or cut the time each request holds a connection."
@@ -67,12 +67,28 @@ The ratio drops under 0.9.
 """
 
 
+SYMPTOM_RULE = """\
+cause: latency_slo_breach
+kind: symptom
+severity: warning
+title: "p99 over SLO on {{service}}"
+summary: "{{namespace}}/{{service}}: p99 {{value:.3g}} s, over the 0.25 s SLO"
+when:
+  - promql:
+      query: max by (namespace, service) (shop_request_p99_seconds{{service=~"{job}"}})
+      op: ">"
+      threshold: 0.25
+recommendation: "See the cause in this incident's header, when one is found."
+"""
+
+
 @dataclass
 class PoolApp:
     """The scraped application: set a pool's usage and Prometheus sees it within a second or two."""
 
     port: int
     gauge: Gauge
+    latency: Gauge | None = None
 
     @property
     def target(self) -> str:
@@ -80,6 +96,11 @@ class PoolApp:
 
     def set(self, job: str, pool: str, ratio: float) -> None:
         self.gauge.labels(namespace="shop", service=job, pool=pool).set(ratio)
+
+    def set_p99(self, job: str, seconds: float) -> None:
+        """The service's p99 (the symptom rule of :func:`write_rule` with ``symptom=True``)."""
+        assert self.latency is not None
+        self.latency.labels(namespace="shop", service=job).set(seconds)
 
 
 @dataclass
@@ -104,10 +125,13 @@ def pool_app() -> Iterator[PoolApp]:
         "shop_pool_used_ratio", "Share of the pool's connections in use.", ["namespace", "service", "pool"],
         registry=registry,
     )
+    latency = Gauge(
+        "shop_request_p99_seconds", "The service's p99 latency.", ["namespace", "service"], registry=registry
+    )
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     gauge.labels(namespace="shop", service="warmup", pool="none").set(0.0)
-    yield PoolApp(port, gauge)
+    yield PoolApp(port, gauge, latency)
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
@@ -133,12 +157,16 @@ def slack() -> Iterator[SlackFixtureServer]:
         yield server
 
 
-def write_rule(directory: Path, job: str, *, severity: str = "critical") -> Path:
-    """A rule dir holding ``test/pool-saturated`` restricted to ``job``."""
+def write_rule(directory: Path, job: str, *, severity: str = "critical", symptom: bool = False) -> Path:
+    """A rule dir holding ``test/pool-saturated`` restricted to ``job`` (and ``test/p99-over-slo``,
+    the symptom it explains, with ``symptom``)."""
     family = directory / "test"
     family.mkdir(parents=True, exist_ok=True)
     (family / "pool-saturated.yaml").write_text(RULE.format(job=job, severity=severity), encoding="utf-8")
     (family / "pool-saturated.md").write_text(RUNBOOK, encoding="utf-8")
+    if symptom:
+        (family / "p99-over-slo.yaml").write_text(SYMPTOM_RULE.format(job=job), encoding="utf-8")
+        (family / "p99-over-slo.md").write_text(RUNBOOK.replace("Pool saturated", "p99 over SLO"), encoding="utf-8")
     return directory
 
 
@@ -151,10 +179,15 @@ def daemon_settings(
     webhook: bool = False,
     state: Path | None = None,
     slack_settings: dict[str, Any] | None = None,
+    symptom: bool = False,
     **daemon: Any,
 ) -> Settings:
-    """Settings for a fast daemon: 0.4 s diagnoses, no jitter, only the test rule."""
-    rules = write_rule(tmp_path / f"rules-{job}", job)
+    """Settings for a fast daemon: 0.4 s diagnoses, no jitter, only the test rule.
+
+    Incidents are told at once (no ``pending_for``, no ``resolve_after``, no reopening) unless a
+    test sets them: most tests here are about delivery, not the incidents' timing.
+    """
+    rules = write_rule(tmp_path / f"rules-{job}", job, symptom=symptom)
     slack_config: dict[str, Any] = {}
     if slack is not None:
         slack_config = (
@@ -163,13 +196,17 @@ def daemon_settings(
             else {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url}
         )
         # Fast retries so a test sees several; a short settle time for posts in doubt.
-        slack_config.update({"retry_base_s": 0.2, "retry_max_s": 1.0, "timeout_s": 1, "in_doubt_settle_s": 1.5})
+        slack_config.update({"retry_base_s": 0.2, "retry_max_s": 1.0, "timeout_s": 1, "in_doubt_settle_s": 1.5,
+                             "messages_per_s": 10, "message_burst": 5})
         slack_config.update(slack_settings or {})
     values: dict[str, Any] = {
         "diagnose_interval_s": 0.4,
         "jitter_s": 0,
         "cooldown_s": 600,
         "outbox_retry_s": 0.3,
+        "pending_for_s": 0,
+        "resolve_after_s": 0,
+        "reopen_within_s": 0,
         "shutdown_grace_s": 2,
         "listen": "127.0.0.1:0",
         "state_path": str(state or tmp_path / "state.sqlite3"),

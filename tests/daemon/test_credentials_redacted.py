@@ -93,7 +93,7 @@ def test_serve_logs_and_slack_messages_never_carry_a_password_from_a_url(
         "elasticsearch": {"urls": [elasticsearch], "timeout_s": 2},
         "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
         "daemon": {
-            "diagnose_interval_s": 0.5,
+            "diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0,
             "jitter_s": 0,
             "listen": f"127.0.0.1:{port}",
             "state_path": str(tmp_path / "state.sqlite3"),

@@ -5,12 +5,14 @@ Rules confirm a problem over ``confirm_window`` and keep ``window`` for the evid
 SQLAlchemy service (real pool of 5, OpenTelemetry instrumentation) runs at about 20 % of its pool,
 then is driven past it; a real Prometheus scrapes it at 1 s and the real daemon diagnoses every
 2 s with the default 5 m window and a 10 s confirmation window. The first Slack post must arrive
-within two diagnose intervals plus the confirmation window (plus scrape and delivery slack) of the
-onset: with conditions averaged over the 5 m window it would take minutes.
+within two diagnose intervals plus the confirmation window, plus the incident's ``pending_for``
+(by default one more confirmation window), plus scrape and delivery slack, of the onset: with
+conditions averaged over the 5 m window it would take minutes.
 
-On a quiet machine the post comes within that (about 19 s); the assertion allows a busy machine
-its slower service, scrapes and daemon (a live service at 20 concurrent clients on two shared
-cores), and still tells the confirmation window from the 5 m one by a factor of five.
+On a quiet machine the post came within that (about 19 s, measured before pending_for); the bound
+allows a busy machine its slower service, scrapes and daemon (a live service at 20 concurrent
+clients on two shared cores), and still tells the confirmation window from the 5 m one by a factor
+of four.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ pytestmark = [pytest.mark.integration, load_heavy]
 
 INTERVAL_S = 2.0
 CONFIRM_S = 10.0
+#: An incident's first message waits ``daemon.pending_for_s``: by default one confirmation window.
+PENDING_S = CONFIRM_S
 #: A scrape, one exporter refresh and delivery's first attempt.
 SLACK_S = 5.0
 #: What a busy machine may add; a fifth of the 5 m window that averaging would have to fill.
@@ -81,7 +85,7 @@ def test_a_pool_filling_up_is_posted_within_two_intervals_plus_the_confirmation_
             assert _pool_posts(slack) == []
             onset = time.monotonic()
             with clients(f"{service}/orders?hold_s=0.6", 20, 0.0):
-                deadline = onset + 2 * INTERVAL_S + CONFIRM_S + SLACK_S + BUSY_S + 10
+                deadline = onset + 2 * INTERVAL_S + CONFIRM_S + PENDING_S + SLACK_S + BUSY_S + 10
                 while not _pool_posts(slack) and time.monotonic() < deadline:
                     time.sleep(0.2)
                 posted_after = time.monotonic() - onset
@@ -89,7 +93,7 @@ def test_a_pool_filling_up_is_posted_within_two_intervals_plus_the_confirmation_
             daemon.terminate()
             daemon.wait(timeout=20)
     assert _pool_posts(slack), [m.text for m in slack.messages]
-    assert posted_after <= 2 * INTERVAL_S + CONFIRM_S + SLACK_S + BUSY_S, posted_after
+    assert posted_after <= 2 * INTERVAL_S + CONFIRM_S + PENDING_S + SLACK_S + BUSY_S, posted_after
 
 
 def _wait_for_samples(url: str, timeout_s: float = 30.0) -> None:

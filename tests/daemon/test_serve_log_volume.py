@@ -32,7 +32,7 @@ def _config(tmp_path: Path, prometheus_url: str, slack: SlackFixtureServer, job:
         # Slack holds the post longer than the test lasts: the outbox job stays in that call.
         "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url, "timeout_s": 60},
         "daemon": {
-            "diagnose_interval_s": 0.5,
+            "diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0,
             "outbox_retry_s": 0.2,
             "jitter_s": 0,
             "shutdown_grace_s": 0.5,

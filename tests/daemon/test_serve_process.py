@@ -22,6 +22,7 @@ import yaml
 
 from diagnoser.daemon.state import StateStore
 from diagnoser.notify.outbox import NotificationKind
+from diagnoser.notify.payloads import AlertReportPayload
 from diagnoser.testing.processes import free_port
 from tests.daemon.conftest import LivePrometheus, PoolApp, write_rule
 from tests.fixtures.slack_server import SlackFixtureServer
@@ -129,8 +130,8 @@ def test_sigterm_during_a_run_exits_quickly_with_state_intact(tmp_path: Path, ha
     state_path = tmp_path / "state.sqlite3"
     # A notification queued by an earlier life of the daemon, for a Slack that is unreachable.
     store = StateStore(state_path)
-    store.enqueue(NotificationKind.alert_report, {"diagnosis": {"evaluated_at": "2026-11-29T20:00:00Z"},
-                                                  "alert": "CheckoutSlow", "scope": {}})
+    store.enqueue(NotificationKind.alert_report, AlertReportPayload.model_validate(
+        {"diagnosis": {"evaluated_at": "2026-11-29T20:00:00Z"}, "alert": "CheckoutSlow", "scope": {}}))
     store.close()
     port = free_port()
     config = {
@@ -170,7 +171,7 @@ def test_sigterm_during_a_run_exits_quickly_with_state_intact(tmp_path: Path, ha
     try:
         assert reopened.integrity_ok()
         pending = reopened.pending()
-        assert [(e.kind, e.payload["alert"]) for e in pending] == [(NotificationKind.alert_report, "CheckoutSlow")]
+        assert [(e.kind, e.raw["alert"]) for e in pending] == [(NotificationKind.alert_report, "CheckoutSlow")]
         assert pending[0].attempts >= 1  # it was tried against the closed webhook, and kept
     finally:
         reopened.close()
@@ -202,7 +203,7 @@ def test_logs_never_show_secrets(
         "disable_builtin_rules": True,
         "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
         "daemon": {
-            "diagnose_interval_s": 0.5,
+            "diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0,
             "jitter_s": 0,
             "listen": f"127.0.0.1:{port}",
             "state_path": str(tmp_path / "state.sqlite3"),

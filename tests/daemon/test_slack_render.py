@@ -98,7 +98,8 @@ def test_the_parts_the_on_call_engineer_needs_are_there() -> None:
     header = message.blocks[0]["text"]["text"]
     assert header.startswith("CRITICAL: connection_pool_exhaustion")
     summary = message.blocks[1]["text"]["text"]
-    assert "Measured *1* against a threshold of *0.95*" in summary
+    assert "Measured: *100 % (threshold 95 %) · db_client_connection_pool_name orders-db" not in summary
+    assert "Measured: *100 % (threshold 95 %) [prometheus]*" in summary
     button = _blocks_of(message, "actions")[0]["elements"][0]
     assert (button["text"]["text"], button["url"]) == ("Runbook", pool_finding().runbook_url)
     context = _blocks_of(message, "context")[0]["elements"][0]["text"]
@@ -158,7 +159,26 @@ def test_evidence_lines_say_only_what_was_measured() -> None:
     (evidence,) = [b["text"]["text"] for b in render_finding(finding, at=AT).blocks
                    if b["type"] == "section" and b["text"]["text"].startswith("*Evidence*")]
     assert evidence.splitlines()[1:] == [
-        "• kubernetes: pod=p FailedMount: secret missing",
-        "• prometheus = 0.5",
-        "• elasticsearch: node=n1 = 2 (threshold 1) hot",
+        "• FailedMount: secret missing · pod p [kubernetes]",
+        "• 0.5 [prometheus]",
+        "• 2 hot (threshold 1) · node n1 [elasticsearch]",
+    ]
+
+
+def test_evidence_lines_name_what_they_measure_with_units_and_say_labels_once() -> None:
+    rows = [
+        Evidence(source="prometheus", name="waiting", query="max(avg_over_time(pool_pending[5m]))",
+                 labels={"job": "feature-service", "pool": "feature-store"}, value=139.5, threshold=0.0,
+                 detail="requests waiting for a connection"),
+        Evidence(source="prometheus", name="hold_s", query="hold", labels={"job": "feature-service"}, value=0.2286),
+        Evidence(source="prometheus", name="value", query="max(used) / max(limit)", value=1.0, threshold=0.95),
+    ]
+    finding = Finding(rule_id="x/y", cause="connection_pool_exhaustion", kind="cause", severity=Severity.critical,
+                      title="t", summary="s", evidence=rows, labels={"job": "feature-service"})
+    (evidence,) = [b["text"]["text"] for b in render_finding(finding, at=AT).blocks
+                   if b["type"] == "section" and b["text"]["text"].startswith("*Evidence*")]
+    assert evidence.splitlines()[1:] == [
+        "• waiting: 139.5 requests waiting for a connection (threshold 0) · pool feature-store [prometheus]",
+        "• hold time: 228.6 ms [prometheus]",
+        "• 100 % (threshold 95 %) [prometheus]",
     ]

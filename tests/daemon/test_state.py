@@ -10,6 +10,7 @@ import pytest
 from diagnoser.daemon.state import StateStore, fingerprint
 from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
 from diagnoser.notify.outbox import NotificationKind
+from diagnoser.notify.payloads import AlertReportPayload
 
 AT = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -60,7 +61,7 @@ def test_severity_change_is_notified_with_the_previous_one(store: StateStore) ->
     store.reconcile(diagnosis(finding(severity="warning")), cooldown_s=600, now=1000)
     entries = store.reconcile(diagnosis(finding(severity="critical")), cooldown_s=600, now=1010)
     assert kinds(entries) == ["severity_changed"]
-    assert entries[0].payload["previous_severity"] == "warning"
+    assert entries[0].payload.previous_severity == "warning"
     assert store.reconcile(diagnosis(finding(severity="critical")), cooldown_s=600, now=1020) == []
 
 
@@ -102,7 +103,7 @@ def test_outbox_is_ordered_survives_reopening_and_remembers_threads(tmp_path: Pa
     store.reconcile(diagnosis(finding(pool="a")), cooldown_s=600, now=1)
     store.reconcile(diagnosis(finding(pool="a"), finding(pool="b")), cooldown_s=600, now=2)
     store.reconcile(diagnosis(finding(pool="b")), cooldown_s=600, now=3)
-    store.enqueue(NotificationKind.alert_report, {"diagnosis": {}, "alert": "X"})
+    store.enqueue(NotificationKind.alert_report, AlertReportPayload(diagnosis=diagnosis(), alert="X"))
     store.close()
 
     reopened = StateStore(path)

@@ -121,7 +121,7 @@ def _text(box: str) -> str:
 
 
 def _ts(box: str) -> str:
-    found = re.search(r"· ts (\d+\.\d+)", box)
+    found = re.search(r"· (?:edited )?ts (\d+\.\d+)", box)  # a message, or an edit of one
     assert found, box
     return found.group(1)
 
@@ -166,19 +166,40 @@ def test_capacity_names_the_pool_with_its_size_and_rises_after_the_fix(demo: Dem
     assert (demo.out / "capacity-before-after.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_slack_gets_the_pool_finding_then_its_resolution_in_the_same_thread(demo: DemoRun) -> None:
+def _channel(stdout: str) -> str:
+    """The last screen: the channel as the on-call engineer sees it."""
+    start = stdout.index("The #oncall channel, as the on-call engineer sees it")
+    return stdout[start : stdout.index("=== ", start + 10)]
+
+
+def test_slack_gets_the_pool_incident_then_its_resolution_in_its_thread(demo: DemoRun) -> None:
     boxes = _slack_boxes(demo.stdout)
-    incident = demo.stdout.index("Traffic grows to")
-    new = next(
-        b for b in boxes
-        if "CRITICAL: CONNECTION_POOL_EXHAUSTION" in _text(b) and demo.stdout.index(b) > incident
-    )  # fmt: skip
-    assert "reply in thread" not in new
-    assert re.search(r"\d+% of 10 connections in use", _text(new))
-    assert re.search(r"\[ Runbook \] → https://\S+/rules/pools/[\w-]+\.md", new)
-    in_thread = [b for b in boxes if f"reply in thread {_ts(new)}" in b]
-    assert len(in_thread) == 1 and "Resolved*: connection_pool_exhaustion" in _text(in_thread[0])
-    assert demo.stdout.index(in_thread[0]) > demo.stdout.index("Restarting the service")
+    # The incident's message names the pool (posted so, or edited to once the cause was found).
+    pool = next(b for b in boxes if "CRITICAL: CONNECTION_POOL_EXHAUSTION" in _text(b))
+    assert re.search(r"\d+% of 10 connections in use", _text(pool))
+    assert re.search(r"\[ Runbook \] → https://\S+/rules/pools/[\w-]+\.md", pool)
+    thread = _ts(pool)
+    in_thread = [b for b in boxes if f"reply in thread {thread}" in b]
+    resolved = [b for b in in_thread if "Resolved*: connection_pool_exhaustion" in _text(b)]
+    assert resolved, in_thread
+    assert demo.stdout.index(resolved[0]) > demo.stdout.index("Restarting the service")
+
+
+def test_one_top_level_message_per_incident_and_the_channel_last(demo: DemoRun) -> None:
+    counts = re.search(r"slack: (\d+) top-level messages, (\d+) thread replies, (\d+) edits in place", demo.stdout)
+    assert counts, demo.stdout[-2000:]
+    top, replies, edits = map(int, counts.groups())
+    channel = _channel(demo.stdout)
+    headers = [line for line in channel.splitlines() if line.startswith("│ CRITICAL: ") or line.startswith(
+        ("│ WARNING: ", "│ RESOLVED: ", "│ MERGED: "))]
+    assert len(headers) == top
+    # An incident posted twice would show its header twice: each is there once.
+    assert len(set(headers)) == len(headers), headers
+    # Two problems (empty answers and the exhausted pool): never the 13 posts of one message per finding.
+    assert top <= 4, headers
+    assert edits >= 1  # changes were edits in place, not new posts
+    assert replies >= 1
+    assert "CRITICAL: CONNECTION_POOL_EXHAUSTION" in channel or "RESOLVED: CONNECTION_POOL_EXHAUSTION" in channel
 
 
 def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:

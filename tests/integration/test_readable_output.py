@@ -35,7 +35,9 @@ def test_demo_table_fits_80_columns_and_never_splits_a_url(incident_prometheus: 
     assert all(url.endswith((".md", "/rules/<runbook>")) for url in urls), urls
     assert "runbook  pools/pool-exhaustion.md" in out
     assert "runbooks: https://github.com/diagnoser/diagnoser/blob/main/rules/<runbook>" in out
-    assert "evidence value=1 (0.95), waiting=30 (0), max=10" in out
+    # Each measurement named, with its unit; the wrapped lines read as one sentence.
+    assert ("evidence 100 % (threshold 95 %), waiting: 30 requests waiting for a connection (threshold 0),"
+            " limit: 10, in use: 10") in " ".join(out.split())
 
 
 def test_wide_table_has_each_runbook_url_on_its_own_line(incident_prometheus: IncidentPrometheus) -> None:

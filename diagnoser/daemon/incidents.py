@@ -1,0 +1,125 @@
+"""Findings grouped into incidents: a cause and what it explains in its scope, or a symptom alone.
+
+A rule's ``explains`` lists the symptoms (and secondary causes) its cause explains; a finding
+explains another in the same *scope*: the same service (namespace and ``service`` or ``job``
+label), or either is about no service at all (a node, a cluster-wide dependency, the probe's own
+target). Findings come ranked (causes that explain an active symptom first), so the most
+important cause leads its incident and the symptoms it explains are folded in; a symptom nothing
+explains leads an incident of its own ("no cause found yet") until a cause appears. ::
+
+    for group in group_findings(diagnosis.findings):
+        print(group.lead.cause, [f.cause for f in group.explained])
+
+:class:`IncidentPolicy` holds the timing the daemon applies to incidents, in Alertmanager's and
+Prometheus' terms: ``pending_for`` (``group_wait`` / ``for``), ``resolve_after``
+(``keep_firing_for``), ``reopen_within``, the digest threshold and the reply rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from diagnoser.config import Settings
+from diagnoser.models import Finding
+from diagnoser.promql.duration import duration_seconds
+
+__all__ = ["Group", "IncidentPolicy", "group_findings", "same_scope", "service_of"]
+
+
+@dataclass(frozen=True)
+class IncidentPolicy:
+    """How incidents are told; zero everywhere: every change at once (what tests of one step use)."""
+
+    #: Seconds an incident must hold before its first message (``group_wait``, ``for``).
+    pending_for_s: float = 0.0
+    #: Seconds it must stay clear before it is resolved (``keep_firing_for``).
+    resolve_after_s: float = 0.0
+    #: An incident back within this many seconds of its resolution reopens its thread.
+    reopen_within_s: float = 0.0
+    #: More incidents than this opening in one cycle are posted as one digest.
+    digest_threshold: int = 5
+    #: At most one thread reply per incident within this (severity changes and resolutions excepted).
+    reply_min_interval_s: float = 0.0
+    #: A reminder in the thread of an incident still there after this.
+    cooldown_s: float = 3600.0
+    #: The headline number changed by at least this share: the message is edited.
+    material_change: float = 0.25
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> IncidentPolicy:
+        """The daemon's policy, its defaults resolved: ``pending_for`` one confirmation window,
+        ``resolve_after`` two diagnosis intervals plus one confirmation window."""
+        daemon = settings.daemon
+        confirm_s = duration_seconds(settings.effective_confirm_window)
+        pending = daemon.pending_for_s if daemon.pending_for_s is not None else confirm_s
+        resolve = daemon.resolve_after_s
+        if resolve is None:
+            resolve = 2 * daemon.diagnose_interval_s + confirm_s
+        return cls(
+            pending_for_s=pending,
+            resolve_after_s=resolve,
+            reopen_within_s=daemon.reopen_within_s,
+            digest_threshold=daemon.digest_threshold,
+            reply_min_interval_s=daemon.reply_min_interval_s,
+            cooldown_s=daemon.cooldown_s,
+        )
+
+
+@dataclass
+class Group:
+    """The findings of one incident in one diagnosis."""
+
+    lead: Finding
+    explained: list[Finding] = field(default_factory=list)
+
+    @property
+    def members(self) -> list[Finding]:
+        return [self.lead, *self.explained]
+
+    @property
+    def identities(self) -> list[str]:
+        return [f.identity for f in self.members]
+
+
+def service_of(finding: Finding) -> tuple[str, str]:
+    """``(namespace, service)`` of a finding, from its labels (``job`` when there is no ``service``)."""
+    labels = finding.labels
+    return labels.get("namespace", ""), labels.get("service") or labels.get("job", "")
+
+
+def same_scope(a: Finding, b: Finding) -> bool:
+    """True when ``a`` can explain ``b``: the same service, or one of them about no service."""
+    sa, sb = service_of(a), service_of(b)
+    if sa == ("", "") or sb == ("", ""):
+        return True
+    if not sa[1] or not sb[1]:  # one names only a namespace: the namespaces must agree
+        return sa[0] == sb[0] or not sa[0] or not sb[0]
+    return sa[1] == sb[1] and (sa[0] == sb[0] or not sa[0] or not sb[0])
+
+
+def group_findings(findings: Iterable[Finding]) -> list[Group]:
+    """The incidents of ranked ``findings``: each cause with what it explains; lone symptoms alone."""
+    ranked = list(findings)
+    taken: set[int] = set()
+    groups: list[Group] = []
+    for i, cause in enumerate(ranked):
+        if i in taken or cause.kind != "cause" or not _explains_any(cause, ranked, taken, i):
+            continue
+        taken.add(i)
+        group = Group(cause)
+        for j, other in enumerate(ranked):
+            if j not in taken and other.cause in cause.explains and same_scope(cause, other):
+                taken.add(j)
+                group.explained.append(other)
+        groups.append(group)
+    # Causes explaining nothing present and symptoms nothing explains: one incident each.
+    groups += [Group(f) for i, f in enumerate(ranked) if i not in taken]
+    return groups
+
+
+def _explains_any(cause: Finding, ranked: list[Finding], taken: set[int], at: int) -> bool:
+    return any(
+        j != at and j not in taken and other.cause in cause.explains and same_scope(cause, other)
+        for j, other in enumerate(ranked)
+    )

@@ -1,0 +1,152 @@
+"""What a queued notification says, one typed model per kind, parsed back from the state file.
+
+The daemon decides about *incidents* (:mod:`diagnoser.daemon.reconcile`): a cause and the
+symptoms it explains, or a symptom alone. Every notification about one carries an
+:class:`IncidentView`, the incident as it was when the notification was decided, so a message
+rendered after a restart (or a chat.update sent late) says what was true then. ::
+
+    payload = parse_payload(NotificationKind.new, json.loads(row))
+    assert isinstance(payload, IncidentPayload)
+    print(payload.view.lead.cause)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diagnoser.models import Diagnosis, Finding, Severity
+
+__all__ = [
+    "AlertReportPayload",
+    "DigestPayload",
+    "DigestRow",
+    "FindingPayload",
+    "IncidentPayload",
+    "IncidentView",
+    "NotificationKind",
+    "Payload",
+    "dump_payload",
+    "parse_payload",
+]
+
+
+class NotificationKind(StrEnum):
+    """Why a message is sent; the renderer picks its layout and the delivery its action from it."""
+
+    #: An incident's first message (top level, or in a digest's thread).
+    new = "new"
+    #: The incident's message edited in place (chat.update): a symptom joined, a number moved.
+    update = "update"
+    #: Still there after the cooldown: a reminder in its thread.
+    repeat = "repeat"
+    #: Edited in place, and a reply in its thread saying what changed.
+    severity_changed = "severity_changed"
+    #: A cause now explains the incident (edited, and a reply when the rate allows).
+    cause_changed = "cause_changed"
+    resolved = "resolved"
+    #: It came back within ``daemon.reopen_within_s``: its thread is reopened.
+    reopened = "reopened"
+    #: Many incidents opened at once: one table message; their details go in its thread.
+    digest = "digest"
+    #: A diagnosis requested by an Alertmanager alert (in its incident's thread when it has one).
+    alert_report = "alert_report"
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IncidentView(_Payload):
+    """An incident as its message shows it: the lead finding and what it explains."""
+
+    #: The cause (or, while nothing explains it, the symptom) the header names.
+    lead: Finding
+    #: The symptoms and secondary causes the lead explains in its scope, most important first.
+    explained: list[Finding] = Field(default_factory=list)
+    opened_at: float
+    state: Literal["open", "resolved", "merged"] = "open"
+    resolved_at: float | None = None
+    #: How long it must stay clear before it is resolved (shown in the message).
+    resolve_after_s: float = 0.0
+    #: How many times it came back within ``reopen_within_s``.
+    reopened: int = 0
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [self.lead, *self.explained]
+
+    @property
+    def severity(self) -> Severity:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+
+    @property
+    def has_cause(self) -> bool:
+        return self.lead.kind == "cause"
+
+    @property
+    def headline(self) -> float | None:
+        """The lead's first measured value: the number the header is about."""
+        top = self.lead.evidence[0] if self.lead.evidence else None
+        return top.value if top is not None else None
+
+
+class IncidentPayload(_Payload):
+    """new, update, repeat, severity_changed, cause_changed, resolved, reopened."""
+
+    view: IncidentView
+    #: What changed, for the thread reply (``None``: edit only).
+    note: str | None = None
+    previous_severity: str | None = None
+    #: True when the incident opened in a digest: its message goes in the digest's thread.
+    in_digest: bool = False
+
+
+class DigestRow(_Payload):
+    service: str
+    cause: str
+    severity: Severity
+    title: str
+    headline: str
+    runbook_url: str = ""
+
+
+class DigestPayload(_Payload):
+    rows: list[DigestRow]
+    incident_ids: list[int]
+    opened_at: float
+
+
+class AlertReportPayload(_Payload):
+    diagnosis: Diagnosis
+    alert: str = "an alert"
+    scope: dict[str, str] = Field(default_factory=dict)
+
+
+class FindingPayload(_Payload):
+    """An entry queued by an older version, about one finding (still delivered as it was)."""
+
+    finding: Finding
+    previous_severity: str | None = None
+    resolved_at: float | None = None
+
+
+Payload = IncidentPayload | DigestPayload | AlertReportPayload | FindingPayload
+
+
+def parse_payload(kind: NotificationKind, raw: dict[str, Any]) -> Payload:
+    """The typed payload of a stored entry; :class:`pydantic.ValidationError` when it is not one."""
+    if kind is NotificationKind.alert_report:
+        return AlertReportPayload.model_validate(raw)
+    if kind is NotificationKind.digest:
+        return DigestPayload.model_validate(raw)
+    if "finding" in raw and "view" not in raw:
+        return FindingPayload.model_validate(raw)
+    return IncidentPayload.model_validate(raw)
+
+
+def dump_payload(payload: Payload) -> str:
+    """The stored form of a payload (JSON)."""
+    return payload.model_dump_json()
