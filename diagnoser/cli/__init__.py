@@ -6,17 +6,18 @@
     diagnose probe URL --rate 50 --duration 30                       # an open-loop probe
     diagnose capacity URL --slo-p99-ms 50 --prometheus-url URL       # the rate that holds the SLO
     diagnose serve --config diagnoser.yaml                           # the always-on daemon
+    diagnose worker --coordinator HOST:PORT                          # a capacity run's worker (pod)
 """
 
 from __future__ import annotations
 
-from diagnoser.cli import capacity, now, probe, rules, serve
+from diagnoser.cli import capacity, now, probe, rules, serve, worker
 from diagnoser.cli.app import app
 
 __all__ = ["app", "main"]
 
 # Importing a command's module registers it; the names keep the imports visibly used.
-_COMMANDS = (now, rules, probe, capacity, serve)
+_COMMANDS = (now, rules, probe, capacity, serve, worker)
 
 
 def main() -> None:

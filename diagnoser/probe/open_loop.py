@@ -16,10 +16,7 @@ pauses) and the garbage collector pauses for the run (see :meth:`ProbeRun.run`).
 ever; each request has a timeout; the run aborts when the error ratio over a sliding window
 passes the threshold.
 
-Usage::
-
-    run = ProbeRun(spec, settings)
-    result = await run.run()        # run.stop() from elsewhere ends it early with a partial result
+Usage: ``result = await ProbeRun(spec, settings).run()``; ``stop()`` ends it early (partial result).
 """
 
 from __future__ import annotations
@@ -28,18 +25,19 @@ import asyncio
 import contextlib
 import functools
 import gc
+import itertools
 import math
-import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from diagnoser.config import ProbeSettings
-from diagnoser.probe.http1 import Http1Transport
+from diagnoser.probe.http1 import Http1Transport, describe_error
 from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
+from diagnoser.probe.live import LiveStats
+from diagnoser.probe.parts import RunPart, part_of
 from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
@@ -61,20 +59,6 @@ _TICK_S = 0.1
 _GC_BUDGET_OBJECTS = 100_000
 
 
-@dataclass
-class LiveStats:
-    """What the live progress view shows; read it with :meth:`ProbeRun.live`."""
-
-    elapsed_s: float
-    planned_s: float
-    sent: int
-    finished: int
-    failures: int
-    achieved_rate: float
-    recent_p99_ms: float | None
-    in_flight: int
-
-
 class ProbeRun:
     """One run of one probe. Create it, then ``await run()``; ``stop()`` ends it early."""
 
@@ -87,18 +71,25 @@ class ProbeRun:
         pause_gc: bool = True,
         base_dir: Path | None = None,
         explicit_target: bool | None = None,
+        share: tuple[int, int] = (0, 1),
+        start_at: float | None = None,
     ) -> None:
         """``explicit_target`` (a typed URL or a probe file) turns on the resolved-address rule
         at every connection (:func:`~diagnoser.probe.spec.address_refusal`); ``None`` leaves
-        it to the caller."""
+        it to the caller. ``share`` ``(i, n)``: this run sends every n-th request of the
+        schedule from the i-th (a worker's share, so n workers together keep it evenly spaced);
+        ``start_at``: the ``time.monotonic()`` instant of the schedule's start (workers share it)."""
         self.spec = spec
         self.settings = settings
         self._explicit_target = explicit_target
+        self.share = share
+        self._start_at = start_at
+        own_rate = spec.peak_rate / share[1]
         self.timeout_s = _first(spec.timeout_s, settings.request_timeout_s)
         self.abort_ratio = _first(spec.abort_error_ratio, settings.abort_error_ratio)
         self.abort_window_s = _first(spec.abort_window_s, settings.abort_window_s)
         # Little's law: enough connections for the peak rate even if every request ran to its timeout.
-        needed = math.ceil(spec.peak_rate * self.timeout_s)
+        needed = math.ceil(own_rate * self.timeout_s)
         cap = effective_caps(settings)[3]
         self.pool_size = min(cap, spec.max_connections or max(16, needed))
         self.recorder = ProbeRecorder()
@@ -119,7 +110,7 @@ class ProbeRun:
         self._end: float | None = None
         # Finished and failed counts per tick, for the sliding abort window.
         slots = max(1, math.ceil(self.abort_window_s / _TICK_S))
-        expected_in_window = spec.peak_rate * self.abort_window_s
+        expected_in_window = own_rate * self.abort_window_s
         self._abort_min = max(3, min(ABORT_MIN_REQUESTS, math.ceil(expected_in_window / 2)))
         self._window_done = [0] * slots
         self._window_bad = [0] * slots
@@ -138,6 +129,10 @@ class ProbeRun:
         self._stop.set()
         if self._timer is not None:
             self._timer.interrupt()
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._abort_reason
 
     def live(self) -> LiveStats:
         """A snapshot for the progress view; resets the recent-latency window it reads."""
@@ -183,7 +178,7 @@ class ProbeRun:
                 gc.freeze()
                 gc.disable()
                 paused_gc = True
-            self._start = time.monotonic() + 0.02
+            self._start = self._start_at if self._start_at is not None else time.monotonic() + 0.02
             watchdog = asyncio.get_running_loop().create_task(self._watch())
             await self._send_all(requests, timer)
             self._end = time.monotonic()
@@ -219,9 +214,12 @@ class ProbeRun:
         count = len(requests)
         stop = self._stop
         dispatch = self._dispatch
-        offsets = iter(
-            arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, random.Random(spec.seed))
-        )
+        offsets = arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, random.Random(spec.seed))
+        first, every = self.share
+        if every > 1:
+            # Every worker walks the one schedule and keeps its own requests: together they send
+            # it exactly, Poisson arrivals (one seed) included.
+            offsets = itertools.islice(offsets, first, None, every)
         sent_all: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         index = 0
         intended = start + next(offsets, math.inf)
@@ -294,7 +292,7 @@ class ProbeRun:
             error = str(exc)
         else:
             failure = "connect_error" if isinstance(exc, httpx.ConnectError) else "read_error"
-            error = _describe_error(exc)
+            error = describe_error(exc)
         # The last byte as the connection saw it, not when this callback got its turn.
         done_at = timings.done or time.monotonic()
         if received is not None and failure is None:
@@ -404,12 +402,24 @@ class ProbeRun:
         if failure in _OVERLOAD_FAILURES:
             self._window_bad[slot] += 1
 
+    def part(self, cpu_s: float = 0.0) -> RunPart:
+        """This run as one worker's share of a larger one (see :mod:`diagnoser.probe.parts`)."""
+        end = self._end or time.monotonic()
+        return part_of(
+            self.recorder,
+            index=self.share[0],
+            elapsed_s=max(0.0, end - self._start),
+            aborted=self._stopped_early,
+            abort_reason=self._abort_reason if self._stopped_early else None,
+            cpu_s=cpu_s,
+        )
+
     def _result(self) -> ProbeResult:
         end = self._end or time.monotonic()
         elapsed = max(0.0, end - self._start)
         return self.recorder.build(
             target=self.spec.target,
-            requested_rate=_mean_rate(self.spec),
+            requested_rate=mean_rate(self.spec),
             elapsed_s=elapsed,
             aborted=self._stopped_early,
             abort_reason=self._abort_reason if self._stopped_early else None,
@@ -426,19 +436,9 @@ def _first(value: float | None, default: float) -> float:
     return value if value is not None else default
 
 
-def _mean_rate(spec: ProbeSpec) -> float:
+def mean_rate(spec: ProbeSpec) -> float:
     segments = spec.schedule.segments()
     return sum(s.expected_requests for s in segments) / sum(s.duration_s for s in segments)
-
-
-def _describe_error(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc
-    text = str(cause) or type(cause).__name__
-    errno = getattr(cause, "errno", None)
-    if isinstance(errno, int) and errno > 0:
-        # "Connect call failed" says nothing; the errno says refused, unreachable, reset...
-        text = f"{text} ({os.strerror(errno)})"
-    return f"{type(cause).__name__}: {text}"[:300]
 
 
 def probe_transport(spec: ProbeSpec, pool_size: int) -> Http1Transport:

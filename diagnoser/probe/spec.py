@@ -39,6 +39,7 @@ from diagnoser.config import (
     ProbeSettings,
 )
 from diagnoser.errors import ConfigError, ProbeSafetyError
+from diagnoser.probe.caps import LoadCaps, probe_caps
 
 __all__ = [
     "ConstantSchedule",
@@ -303,24 +304,28 @@ def effective_caps(settings: ProbeSettings) -> tuple[float, float, float, int]:
     )
 
 
-def enforce_safety(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> None:
+def enforce_safety(
+    spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool, caps: LoadCaps | None = None
+) -> None:
     """Refuse (``ProbeSafetyError``) a spec over the caps, or a file's host outside the allowlist.
 
     ``explicit_target`` is true for a URL the user typed on the command line: that is their
     explicit intent and needs no allowlist entry. The caps apply to everyone; only the config
-    (``probe.max_rate``, ``probe.max_duration_s``) raises them.
+    (``probe.max_rate``, ``probe.max_duration_s``) raises them. ``caps`` replaces the probe's rate
+    and duration caps with a load test's (:func:`~diagnoser.probe.caps.capacity_caps`).
     """
     problems: list[str] = []
-    max_rate, max_duration, max_timeout, max_connections = effective_caps(settings)
-    if spec.peak_rate > max_rate:
+    _, _, max_timeout, max_connections = effective_caps(settings)
+    load = caps if caps is not None else probe_caps(settings)
+    if spec.peak_rate > load.max_rate:
         problems.append(
-            f"rate {spec.peak_rate:g} req/s exceeds the cap of {max_rate:g} req/s "
-            f"(probe.max_rate, at most {PROBE_MAX_RATE_CEILING:g})"
+            f"rate {spec.peak_rate:g} req/s exceeds the cap of {load.max_rate:g} req/s "
+            f"({load.rate_setting}, at most {load.rate_ceiling:g})"
         )
-    if spec.duration_s > max_duration:
+    if spec.duration_s > load.max_duration_s:
         problems.append(
-            f"duration {spec.duration_s:g} s exceeds the cap of {max_duration:g} s "
-            f"(probe.max_duration_s, at most {PROBE_MAX_DURATION_CEILING_S:g})"
+            f"duration {spec.duration_s:g} s exceeds the cap of {load.max_duration_s:g} s "
+            f"({load.duration_setting}, at most {load.duration_ceiling:g})"
         )
     timeout = spec.timeout_s if spec.timeout_s is not None else max_timeout
     if timeout > max_timeout and not math.isclose(timeout, max_timeout):
