@@ -245,6 +245,13 @@ class CapacityRun:
             ]
         limit, limit_notes = self._limit(counted)
         first_fail = _first_failing(counted)
+        if first_fail is not None and first_fail.measurement.result.bottleneck == "scheduler":
+            lag = first_fail.measurement.result.schedule_lag_ms.p99
+            notes.append(
+                f"at {first_fail.measurement.rate:g} req/s the probe itself fell behind its schedule "
+                f"(lag p99 {lag} ms): the load generator's CPU may have set this knee, not the target; "
+                "add workers (--workers, --on-cluster) or run it where nothing else competes for the cores"
+            )
         retried = len(steps) - len(counted)
         if retried:
             notes.append(

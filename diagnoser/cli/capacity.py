@@ -262,20 +262,25 @@ def capacity_command(
     run = CapacityRun(
         plan, settings, options, on_progress=on_progress, on_step=on_step, launcher=choice.launcher
     )
-    # Ctrl-C stops the running step through the run's own stop(): its answers settle and the
-    # partial table is printed instead of a traceback.
-    try:
-        report = run_loop(_with_workers(run, choice), on_interrupt=run.stop)
-    except ProbeWorkerError as exc:  # the workers did not all come: nothing was measured
-        raise fail(str(exc), code=1) from exc
-    except DiagnoserError as exc:  # the target's resolved address refused, the Job not created
-        raise fail(str(exc)) from exc
+    report = _measure(run, choice)
     _print(report, output)
     if plot is not None:
         write_plot(report, plot)
     if sender is not None:
         _post_to_slack(sender, report, err)
     raise typer.Exit(report.exit_code)
+
+
+def _measure(run: CapacityRun, choice: _WorkerChoice) -> CapacityReport:
+    """The run on the one event loop; a failure before any step is one line and an exit."""
+    # Ctrl-C stops the running step through the run's own stop(): its answers settle and the
+    # partial table is printed instead of a traceback.
+    try:
+        return run_loop(_with_workers(run, choice), on_interrupt=run.stop)
+    except ProbeWorkerError as exc:  # the workers did not all come: nothing was measured
+        raise fail(str(exc), code=1) from exc
+    except DiagnoserError as exc:  # the target's resolved address refused, the Job not created
+        raise fail(str(exc)) from exc
 
 
 @dataclass
