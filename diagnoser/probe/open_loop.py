@@ -154,6 +154,11 @@ class ProbeRun:
     # -- the run ------------------------------------------------------------------------------
 
     async def run(self) -> ProbeResult:
+        await self.send()
+        return self._result()
+
+    async def send(self) -> None:
+        """The run without its result (a worker sends its :meth:`part` instead)."""
         transport = probe_transport(self.spec, self.pool_size)
         if self._explicit_target is not None:
             settings, explicit = self.settings, self._explicit_target
@@ -196,7 +201,6 @@ class ProbeRun:
             if paused_gc:
                 gc.unfreeze()
                 gc.enable()
-        return self._result()
 
     def _build_request(self, body: bytes | None) -> httpx.Request:
         headers = {"User-Agent": USER_AGENT, **self.spec.headers}
@@ -419,7 +423,7 @@ class ProbeRun:
         elapsed = max(0.0, end - self._start)
         return self.recorder.build(
             target=self.spec.target,
-            requested_rate=mean_rate(self.spec),
+            requested_rate=self.spec.mean_rate,
             elapsed_s=elapsed,
             aborted=self._stopped_early,
             abort_reason=self._abort_reason if self._stopped_early else None,
@@ -434,11 +438,6 @@ _OVERLOAD_FAILURES = frozenset({"status", "timeout", "connect_error", "read_erro
 
 def _first(value: float | None, default: float) -> float:
     return value if value is not None else default
-
-
-def mean_rate(spec: ProbeSpec) -> float:
-    segments = spec.schedule.segments()
-    return sum(s.expected_requests for s in segments) / sum(s.duration_s for s in segments)
 
 
 def probe_transport(spec: ProbeSpec, pool_size: int) -> Http1Transport:

@@ -213,6 +213,10 @@ class ProbeSpec(_Strict):
     def duration_s(self) -> float:
         return sum(s.duration_s for s in self.schedule.segments())
 
+    @property
+    def mean_rate(self) -> float:
+        return sum(s.expected_requests for s in self.schedule.segments()) / self.duration_s
+
     def request_bodies(self, base_dir: Path | None = None) -> list[bytes | None]:
         """The bodies to rotate through (``[None]`` when the request has no body)."""
         if self.bodies is not None:

@@ -73,6 +73,9 @@ class _Session:
         self.writer = writer
         self.run: ProbeRun | None = None
         self.task: asyncio.Task[None] | None = None
+        #: ``run_id -> reason`` of a stop that came while its run was still being set up.
+        self._early_stops: dict[Any, str] = {}
+        self._run_id: Any = None
 
     async def handle(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -82,8 +85,12 @@ class _Session:
                                    message="a run is already in progress")  # fmt: skip
                 return
             self.task = asyncio.get_running_loop().create_task(self._run(message))
-        elif kind == "stop" and self.run is not None:
-            self.run.stop(str(message.get("reason") or "stopped by the coordinator"))
+        elif kind == "stop":
+            reason = str(message.get("reason") or "stopped by the coordinator")
+            if self.run is not None and self._run_id == message.get("run_id"):
+                self.run.stop(reason)
+            else:
+                self._early_stops[message.get("run_id")] = reason
         elif kind == "tail" and self.run is not None:
             sums = self.run.recorder.tail_sums(message.get("cut_ms"))
             await send_message(self.writer, "tail", run_id=message.get("run_id"), sums=sums.model_dump())
@@ -102,12 +109,14 @@ class _Session:
         except (DiagnoserError, ValueError, KeyError, TypeError) as exc:
             await send_message(self.writer, "error", run_id=run_id, message=f"refused: {exc}")
             return
-        self.run = run
+        self.run, self._run_id = run, run_id
+        if run_id in self._early_stops:
+            run.stop(self._early_stops.pop(run_id))
         counter = SlowCounter(run.recorder, message.get("slow_ms"))
         cpu_before = time.process_time()
         ticker = asyncio.get_running_loop().create_task(self._tick(run_id, run, counter))
         try:
-            await run.run()
+            await run.send()
         except Exception as exc:  # report it: the coordinator fails the run with this text
             await send_message(self.writer, "error", run_id=run_id, message=f"{type(exc).__name__}: {exc}")
             return

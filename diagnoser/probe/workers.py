@@ -35,7 +35,7 @@ from typing import Any
 from diagnoser.config import ProbeSettings
 from diagnoser.errors import ProbeWorkerError
 from diagnoser.probe.live import LiveStats, Tally
-from diagnoser.probe.open_loop import INTERRUPTED, SCHEDULE_LAG_LIMIT_MS, mean_rate
+from diagnoser.probe.open_loop import INTERRUPTED, SCHEDULE_LAG_LIMIT_MS
 from diagnoser.probe.parts import RunPart, latency_p99, merge_parts
 from diagnoser.probe.result import ProbeResult, TailSums, shares_from
 from diagnoser.probe.spec import ProbeSpec
@@ -44,8 +44,10 @@ from diagnoser.probe.worker import TOKEN_ENV
 
 __all__ = ["SILENCE_LIMIT_S", "PooledRun", "WorkerPool"]
 
-#: A worker that says nothing for this long while it runs is taken for dead.
-SILENCE_LIMIT_S = 5.0
+#: A worker that says nothing for this long is taken for dead. A process that exits closes its
+#: connection and is seen at once; this is for one hung or cut off, and leaves room for a long
+#: run's histograms to be built (the loop is busy a few seconds per ten million requests).
+SILENCE_LIMIT_S = 30.0
 #: Seconds between the run order and the common start: every worker has its loop ready by then.
 _START_LEAD_S = 0.3
 _STARTUP_S = 30.0
@@ -257,6 +259,8 @@ class PooledRun:
         self._tails: dict[int, TailSums] = {}
         self._changed = asyncio.Event()
         self._sends: set[asyncio.Task[None]] = set()
+        #: The run orders went out: a stop can follow them.
+        self._ordered = False
 
     # -- what the workers say -----------------------------------------------------------------
 
@@ -294,7 +298,8 @@ class PooledRun:
         if self._stop_reason is not None or self.finished:
             return
         self._stop_reason = reason
-        self._broadcast("stop", reason=reason)
+        if self._ordered:  # else the run orders are not out yet: result() sends the stop after them
+            self._broadcast("stop", reason=reason)
 
     def _broadcast(self, kind: str, **fields: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -328,6 +333,9 @@ class PooledRun:
             for worker in members:
                 worker.last_heard = time.monotonic() + _START_LEAD_S
                 await self._send(worker, "run", share=[worker.index, len(members)], **order)
+            self._ordered = True
+            if self._stop_reason is not None:  # stopped while the orders went out (Ctrl-C early)
+                self._broadcast("stop", reason=self._stop_reason)
             await self._wait_for(self._parts, members)
             parts = [self._parts[w.index] for w in members]
             self._broadcast("tail", cut_ms=latency_p99(parts))
@@ -337,7 +345,7 @@ class PooledRun:
                 parts,
                 shares_from(self._tails.values()),
                 target=self.spec.target,
-                requested_rate=mean_rate(self.spec),
+                requested_rate=self.spec.mean_rate,
                 lag_limit_ms=SCHEDULE_LAG_LIMIT_MS,
                 abort_reason=self._stop_reason,
             )
@@ -345,7 +353,11 @@ class PooledRun:
             self.finished = True
 
     async def _wait_for(self, answers: dict[int, Any], members: list[_Worker]) -> None:
-        """Until every member has answered; a failure, or a member silent too long, raises."""
+        """Until every member has answered; a failure, or a member silent too long, raises.
+
+        Silence counts from this wait's start at the earliest: a worker that finished its share
+        first is quiet, not dead, while the others finish theirs."""
+        since = time.monotonic()
         while True:
             if self._failure is not None:
                 raise ProbeWorkerError(f"the run failed: {self._failure}")
@@ -353,7 +365,7 @@ class PooledRun:
                 return
             now = time.monotonic()
             for worker in members:
-                silent = now - worker.last_heard
+                silent = now - max(worker.last_heard, since)
                 if worker.index not in answers and silent > SILENCE_LIMIT_S:
                     self.fail(f"{worker.describe()} said nothing for {silent:.0f} s")
             self._changed.clear()

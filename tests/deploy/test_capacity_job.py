@@ -79,7 +79,7 @@ def test_the_rendered_job_drives_local_workers_through_the_real_cli(
     manifest = tmp_path / "job.yaml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "diagnoser", "capacity", delay_server.url + "/delay?ms=1", "--slo-p99-ms", "200",
+        [sys.executable, "-m", "diagnoser", "capacity", delay_server.url + "/delay?ms=1", "--slo-p99-ms", "5000",
          "--on-cluster", "2", "--listen", f"127.0.0.1:{port}", "--advertise", f"127.0.0.1:{port}",
          "--render-job", str(manifest), "--steps", "100,200", "--step-s", "1", "--warmup-s", "0",
          "--pause-s", "0.2", "--format", "json"],
@@ -104,6 +104,7 @@ def test_the_rendered_job_drives_local_workers_through_the_real_cli(
     assert codes == [0, 0]
     report = json.loads(out)
     assert [s["rate"] for s in report["steps"]] == [100, 200]
-    # Every request of each step was sent (between the two pods) and answered.
+    # Every request of each step was sent (between the two pods) and answered; the SLO is loose
+    # so that a busy host cannot fail a step (what is tested is the protocol, not a latency).
     assert [s["sent"] for s in report["steps"]] == [100, 200]
     assert all(s["held"] and s["failures"] == 0 for s in report["steps"])

@@ -220,3 +220,25 @@ def test_diagnose_probe_with_workers_through_the_cli(delay_server: DelayServer) 
     report = json.loads(result.stdout)
     assert report["sent"] == 400 and report["status_counts"] == {"200": 400}
     assert report["latency_ms"]["count"] == 400
+
+
+def test_a_stop_before_the_run_orders_went_out_still_stops_every_worker(delay_server: DelayServer) -> None:
+    """Ctrl-C while the workers are still being told what to send: none of them sends it all."""
+    from diagnoser.probe.open_loop import INTERRUPTED
+
+    spec = spec_from_url(delay_server.url + "/delay?ms=1", rate=100, duration_s=20)
+
+    async def main() -> tuple[bool, str | None, list[int]]:
+        pool = WorkerPool(2)
+        await pool.start()
+        try:
+            run = pool.launch(spec, ProbeSettings(), explicit_target=True)
+            run.stop()  # before result() has sent a single order
+            result = await run.result()
+        finally:
+            await pool.aclose()
+        return result.aborted, result.abort_reason, [p.counts.sent for p in pool.last_parts]
+
+    aborted, reason, per_worker = run_event_loop(main())
+    assert aborted and reason == INTERRUPTED
+    assert all(sent < 1000 for sent in per_worker)  # each would send 1,000 over the 20 s
