@@ -111,6 +111,11 @@ class CapacityRun:
         self._current: RunningProbe | None = None
         self._stopped = asyncio.Event()
 
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set once :meth:`stop` was called (Ctrl-C)."""
+        return self._stopped
+
     def stop(self) -> None:
         """End the run now: the running step stops, its partial numbers are kept, no step follows."""
         self._stopped.set()

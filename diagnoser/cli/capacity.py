@@ -16,6 +16,8 @@ held, 1 otherwise (including an interrupted run), 2 usage, configuration or safe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 import sys
@@ -345,12 +347,29 @@ async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityRepo
         elif objects is not None:
             await create_objects(objects, run.settings.kubernetes)
             created = True
-        await pool.wait_for_workers()
+        await _barrier(pool, run)
         return await run.run()
     finally:
         await pool.aclose()
         if created and objects is not None:
             await delete_objects(objects, run.settings.kubernetes)
+
+
+async def _barrier(pool: WorkerPool, run: CapacityRun) -> None:
+    """Wait for every worker; Ctrl-C meanwhile ends the wait (a cluster may take minutes)."""
+    waiting = asyncio.ensure_future(pool.wait_for_workers())
+    stopped = asyncio.ensure_future(run.stopped.wait())
+    try:
+        await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not waiting.done():
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        here = f"{len(pool.members())} of {pool.workers}"
+        raise ProbeWorkerError(f"interrupted while waiting for the workers ({here} connected)")
+    waiting.result()
 
 
 def _write_manifest(objects: list[dict[str, Any]], path: Path) -> None:

@@ -242,3 +242,33 @@ def test_a_stop_before_the_run_orders_went_out_still_stops_every_worker(delay_se
     aborted, reason, per_worker = run_event_loop(main())
     assert aborted and reason == INTERRUPTED
     assert all(sent < 1000 for sent in per_worker)  # each would send 1,000 over the 20 s
+
+
+def test_only_a_worker_with_the_run_token_passes_the_barrier() -> None:
+    from diagnoser.probe.wire import read_message, send_message
+
+    async def hello(address: tuple[str, int], token: str) -> bool:
+        """Whether the coordinator kept a worker saying hello with ``token`` (it closes the others)."""
+        reader, writer = await asyncio.open_connection(*address)
+        await send_message(writer, "hello", index=0, token=token, pid=0, cores=1)
+        try:
+            return await asyncio.wait_for(read_message(reader), 0.5) is not None
+        except TimeoutError:
+            return True  # still connected, waiting for orders
+        finally:
+            writer.close()
+
+    async def main() -> tuple[bool, bool, int]:
+        pool = WorkerPool(1, spawn=False, token="the-token", startup_s=5)
+        address = await pool.open()
+        try:
+            stranger = await hello(address, "a-guess")
+            here_after_stranger = len(pool.members())
+            member = await hello(address, "the-token")
+        finally:
+            await pool.aclose()
+        return stranger, member, here_after_stranger
+
+    stranger, member, count = run_event_loop(main())
+    assert not stranger and count == 0
+    assert member
