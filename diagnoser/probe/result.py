@@ -367,7 +367,8 @@ class RunCounts(BaseModel):
     finished: int = 0
     connections_opened: int = 0
     pool_waits: int = 0
-    status_counts: dict[int, int] = Field(default_factory=dict)
+    #: By status as text (an HTTP code, or another transport's status name), as in the report.
+    status_counts: dict[str, int] = Field(default_factory=dict)
     failures: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
     examples: list[ResponseExample] = Field(default_factory=list)
 
@@ -379,7 +380,7 @@ class RunCounts(BaseModel):
             finished=recorder.finished,
             connections_opened=recorder.connections_opened,
             pool_waits=recorder.pool_waits,
-            status_counts=dict(recorder.status_counts),
+            status_counts={str(k): v for k, v in recorder.status_counts.items()},
             failures=dict(recorder.failures),
             examples=list(recorder.examples),
         )
@@ -430,7 +431,8 @@ def assemble_result(
         service_time_ms=percentiles_of(histograms["service"]),
         schedule_lag_ms=lag,
         phases_ms=Phases(**{name: percentiles_of(histograms[name]) for name in _PHASES}),
-        status_counts={str(k): v for k, v in sorted(counts.status_counts.items())},
+        # Three-digit HTTP codes sort as text as they do as numbers.
+        status_counts=dict(sorted(counts.status_counts.items())),
         failures=Failures(**counts.failures),
         examples=list(counts.examples),
         histogram=latency_histogram.encode().decode() if latency.count else "",
