@@ -197,10 +197,28 @@ def _delete(objects: list[dict[str, Any]], settings: KubernetesSettings) -> None
 
 
 async def create_objects(objects: list[dict[str, Any]], settings: KubernetesSettings) -> None:
-    """Create the Secret and the Job (the ``kubernetes`` client, in a thread)."""
-    await asyncio.to_thread(_create, objects, settings)
+    """Create the Secret and the Job (the ``kubernetes`` client, in a thread).
+
+    Raises :class:`ConfigError` naming what failed (no credentials, refused, unreachable)."""
+    try:
+        await asyncio.to_thread(_create, objects, settings)
+    except Exception as exc:  # the client's many exception types: one clear line instead
+        raise ConfigError(f"--on-cluster: could not create the worker Job: {_describe(exc)}") from exc
 
 
 async def delete_objects(objects: list[dict[str, Any]], settings: KubernetesSettings) -> None:
     """Delete them again (the pods with the Job); an object already gone is not an error."""
-    await asyncio.to_thread(_delete, objects, settings)
+    try:
+        await asyncio.to_thread(_delete, objects, settings)
+    except Exception as exc:
+        raise ConfigError(
+            f"--on-cluster: could not delete the worker Job {objects[-1]['metadata']['name']} "
+            f"(delete it yourself; its ttlSecondsAfterFinished removes it anyway): {_describe(exc)}"
+        ) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"[:300]

@@ -352,7 +352,10 @@ async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityRepo
     finally:
         await pool.aclose()
         if created and objects is not None:
-            await delete_objects(objects, run.settings.kubernetes)
+            try:
+                await delete_objects(objects, run.settings.kubernetes)
+            except DiagnoserError as exc:  # the report still prints; say what was left behind
+                stderr.print(f"warning: {exc}", markup=False, highlight=False)
 
 
 async def _barrier(pool: WorkerPool, run: CapacityRun) -> None:
