@@ -9,7 +9,9 @@ sum of them with ``+``; ``per`` divides it by a count to make a ratio::
     - probe: {field: phase_share_p99.connect+phase_share_p99.tls, op: ">=", threshold: 0.5}
     - probe: {field: error_ratio, op: ">", threshold: "${slo.error_ratio}"}
 
-Besides the result's own fields, ``error_ratio`` (every failure kind over finished requests)
+``status_counts.<status>`` counts the answers with one status (``status_counts.503``, or for a
+gRPC target ``status_counts.UNAVAILABLE``), 0 when none had it; its ``detail`` lists every status
+seen. Besides the result's own fields, ``error_ratio`` (every failure kind over finished requests)
 and ``handshake_share_p99`` (connect + TLS over the slowest requests' time on the wire, the
 probe's own schedule lag left out) are available. Field names are checked when the rule loads,
 so a typo is a rule error. The check holds with one evidence row (labels ``target`` and
@@ -50,6 +52,7 @@ _DERIVED: dict[str, Callable[[ProbeResult], float]] = {
     "handshake_share_p99": _handshake_share,
 }
 _COUNTS = ("sent", "completed", "finished")
+_STATUS_PREFIX = "status_counts."
 _EXAMPLE_BODY_CHARS = 200
 
 
@@ -70,6 +73,8 @@ def read_field(result: ProbeResult, field: str, dumped: dict[str, Any] | None = 
         term = term.strip()
         if term in _DERIVED:
             value: Any = _DERIVED[term](result)
+        elif term.startswith(_STATUS_PREFIX):
+            value = result.status_counts.get(term.removeprefix(_STATUS_PREFIX), 0)
         else:
             value = _read_path(data, term)
         if value is None:
@@ -89,6 +94,8 @@ def _validate_field(field: str) -> str:
         term = term.strip()
         if term in _DERIVED:
             continue
+        if term.startswith(_STATUS_PREFIX) and term.removeprefix(_STATUS_PREFIX):
+            continue  # any status: an HTTP code or a gRPC status name
         try:
             value = _read_path(data, term)
         except KeyError:
@@ -121,7 +128,20 @@ def _failure_kinds(field: str) -> set[str]:
     return {t.strip().split(".", 1)[1] for t in field.split("+") if t.strip().startswith("failures.")}
 
 
+def _status_detail(result: ProbeResult) -> str:
+    """Every status the run saw, most frequent first: ``UNAVAILABLE 40, OK 360 of 400 calls``."""
+    counts = sorted(result.status_counts.items(), key=lambda item: -item[1])
+    listed = ", ".join(f"{status} {count}" for status, count in counts) or "no answer with a status"
+    return f"{listed} of {result.finished} calls"
+
+
+def _is_grpc(result: ProbeResult) -> bool:
+    return result.target.startswith(("grpc://", "grpcs://"))
+
+
 def _detail(result: ProbeResult, params: ProbeParams) -> str:
+    if _STATUS_PREFIX in params.field:
+        return f"status codes: {_status_detail(result)}"
     kinds = _failure_kinds(params.field)
     if kinds:
         shown = []
@@ -136,6 +156,8 @@ def _detail(result: ProbeResult, params: ProbeParams) -> str:
                     f"{example.status} with Content-Length {example.content_length} but "
                     f"{example.received_bytes} bytes received: {body}"
                 )
+            elif example.status is not None and not body and example.error:
+                shown.append(example.error)  # a gRPC status: its name and details
             elif example.status is not None:
                 shown.append(f"{example.status} {body}" if body else f"{example.status} with an empty body")
             else:
@@ -152,10 +174,12 @@ def _detail(result: ProbeResult, params: ProbeParams) -> str:
             f"for {result.finished} requests"
         )
     latency = result.latency_ms
-    return (
+    detail = (
         f"p50 {latency.p50} ms, p99 {latency.p99} ms, max {latency.max} ms over {result.finished} requests "
         f"at {result.achieved_rate:g} req/s; errors {result.failures.total}"
     )
+    # A gRPC service's findings name its status codes: they say what kind of failure it was.
+    return f"{detail}; status codes: {_status_detail(result)}" if _is_grpc(result) else detail
 
 
 @check_kind("probe", params=ProbeParams, reads={"probe"})

@@ -28,7 +28,7 @@ from diagnoser.daemon.logs import MaskingFormatter
 from diagnoser.engine import load_ruleset
 from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError
-from diagnoser.probe.entry import run_event_loop
+from diagnoser.probe.entry import GrpcRequest, run_event_loop
 from diagnoser.ruleset import RuleSet
 
 if TYPE_CHECKING:
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigOption",
     "FormatOption",
+    "GrpcDataOption",
+    "GrpcImportPathOption",
+    "GrpcMetadataOption",
+    "GrpcProtoOption",
     "OutputFormat",
     "PrometheusOption",
     "app",
@@ -44,6 +48,7 @@ __all__ = [
     "check_inputs_or_exit",
     "configure_logging",
     "fail",
+    "grpc_request",
     "load_cli_rules",
     "load_cli_settings",
     "rules_app",
@@ -115,6 +120,41 @@ def fail(message: str, code: int = 2, console: Console = stderr) -> typer.Exit:
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config file (DIAGNOSER_* variables override it).")
 ]
+GrpcDataOption = Annotated[
+    str | None,
+    typer.Option("--data", help="gRPC request message as JSON, or @FILE (grpc:// targets)."),
+]
+GrpcProtoOption = Annotated[
+    Path | None,
+    typer.Option("--proto", help="The service's .proto (compiled at run time); default: server reflection."),
+]
+GrpcImportPathOption = Annotated[
+    list[Path] | None,
+    typer.Option("--import-path", "-I", help="Where --proto's imports are found (repeatable)."),
+]
+
+GrpcMetadataOption = Annotated[
+    list[str] | None,
+    typer.Option("--metadata", "-H", help="gRPC metadata 'key: value' sent with every call (repeatable)."),
+]
+
+
+def grpc_request(
+    data: str | None,
+    proto: Path | None,
+    import_paths: list[Path] | None,
+    metadata: list[str] | None = None,
+) -> GrpcRequest:
+    """The gRPC flags every probing command shares, as :func:`~diagnoser.probe.build_spec` takes them."""
+    pairs: dict[str, str] = {}
+    for item in metadata or []:
+        key, colon, value = item.partition(":")
+        if not colon or not key.strip():
+            raise fail(f"--metadata {item!r}: give it as 'key: value'")
+        pairs[key.strip().lower()] = value.strip()
+    return GrpcRequest(data=data, proto=proto, import_paths=list(import_paths or []), metadata=pairs)
+
+
 PrometheusOption = Annotated[
     str | None, typer.Option("--prometheus-url", help="PromQL API base URL (Prometheus, Thanos, Mimir...).")
 ]

@@ -45,9 +45,14 @@ from diagnoser.capacity.step import StepPlan
 from diagnoser.cli.app import (
     ConfigOption,
     FormatOption,
+    GrpcDataOption,
+    GrpcImportPathOption,
+    GrpcMetadataOption,
+    GrpcProtoOption,
     OutputFormat,
     app,
     fail,
+    grpc_request,
     load_cli_settings,
     run_loop,
     stderr,
@@ -57,6 +62,7 @@ from diagnoser.config import Settings
 from diagnoser.errors import DiagnoserError, ProbeWorkerError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
 from diagnoser.probe.caps import capacity_caps
+from diagnoser.probe.entry import GrpcRequest, resolve_target
 from diagnoser.probe.running import InProcess, Launcher, default_workers
 from diagnoser.probe.spec import check_resolved_addresses
 from diagnoser.probe.worker import TOKEN_ENV, parse_address
@@ -111,11 +117,18 @@ def _options(settings: Settings, args: dict[str, Any]) -> CapacityOptions:
 
 
 def _plan(
-    target: str, settings: Settings, step_s: float, slo_p99_ms: float, max_error_ratio: float
+    target: str,
+    settings: Settings,
+    step_s: float,
+    slo_p99_ms: float,
+    max_error_ratio: float,
+    grpc: GrpcRequest | None = None,
 ) -> StepPlan:
-    spec, explicit = build_spec(target, rate=1.0, duration_s=step_s)
+    spec, explicit = build_spec(target, rate=1.0, duration_s=step_s, grpc=grpc)
     # The allowlist and the step's duration, up front.
     enforce_safety(spec, settings.probe, explicit_target=explicit, caps=capacity_caps(settings.capacity))
+    # A gRPC target's message types, once for every step (and a bad method refused before any).
+    spec = resolve_target(spec, settings.probe, explicit_target=explicit)
     return StepPlan(
         spec=spec,
         explicit_target=explicit,
@@ -149,7 +162,9 @@ def _progress_printers(err: Console) -> tuple[Any, Any]:
     return on_progress, on_step
 
 
-Target = Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")]
+Target = Annotated[
+    str, typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml.")
+]
 SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms a step must hold.")]
 ErrorRatio = Annotated[float, typer.Option("--max-error-ratio", help="Error ratio a step may have.")]
 StartRate = Annotated[float | None, typer.Option("--start-rate", help="First step's req/s (default max/10).")]
@@ -238,20 +253,22 @@ def capacity_command(
     image: Image = None,
     namespace: Namespace = "diagnoser",
     render_job: RenderJob = None,
+    data: GrpcDataOption = None,
+    proto: GrpcProtoOption = None,
+    import_path: GrpcImportPathOption = None,
+    metadata: GrpcMetadataOption = None,
 ) -> None:
     """Step open-loop load up to the SLO's knee; name the cause that appears there."""
     err = stderr
-    overrides: dict[str, Any] = {"slo": {"p99_ms": slo_p99_ms, "error_ratio": max_error_ratio}}
-    if prometheus_url:
-        overrides["prometheus"] = {"url": prometheus_url}
-    settings = load_cli_settings(config, overrides)
+    settings = load_cli_settings(config, _overrides(slo_p99_ms, max_error_ratio, prometheus_url))
     try:
         options = _options(
             settings,
             dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
                  pause_s=pause_s, warmup_s=warmup_s, scout=scout, max_steps=max_steps, expect_rps=expect_rps),
         )  # fmt: skip
-        plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio)
+        grpc = grpc_request(data, proto, import_path, metadata)
+        plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio, grpc)
         if plot is not None:
             check_plot_path(plot)
         sender = _slack_sender(settings) if slack else None
@@ -266,11 +283,23 @@ def capacity_command(
     )
     report = _measure(run, choice)
     _print(report, output)
+    _write_and_post(report, plot, sender, err)
+    raise typer.Exit(report.exit_code)
+
+
+def _write_and_post(report: CapacityReport, plot: Path | None, sender: Any, err: Console) -> None:
+    """The plot file and the Slack post, when asked for."""
     if plot is not None:
         write_plot(report, plot)
     if sender is not None:
         _post_to_slack(sender, report, err)
-    raise typer.Exit(report.exit_code)
+
+
+def _overrides(slo_p99_ms: float, max_error_ratio: float, prometheus_url: str | None) -> dict[str, Any]:
+    overrides: dict[str, Any] = {"slo": {"p99_ms": slo_p99_ms, "error_ratio": max_error_ratio}}
+    if prometheus_url:
+        overrides["prometheus"] = {"url": prometheus_url}
+    return overrides
 
 
 def _measure(run: CapacityRun, choice: _WorkerChoice) -> CapacityReport:

@@ -16,12 +16,17 @@ import typer
 from diagnoser.cli.app import (
     ConfigOption,
     FormatOption,
+    GrpcDataOption,
+    GrpcImportPathOption,
+    GrpcMetadataOption,
+    GrpcProtoOption,
     OutputFormat,
     PrometheusOption,
     app,
     check_inputs_or_exit,
     configure_logging,
     fail,
+    grpc_request,
     load_cli_rules,
     load_cli_settings,
     run_loop,
@@ -37,7 +42,7 @@ from diagnoser.engine.scope import ReportScope
 from diagnoser.errors import ConfigError, DiagnoserError
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_json, render_markdown, render_table
-from diagnoser.probe.entry import PreparedProbe, prepare_probe
+from diagnoser.probe.entry import GrpcRequest, PreparedProbe, prepare_probe
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet
 
@@ -159,6 +164,10 @@ def now(
     probe: Probe = None,
     probe_rate: ProbeRate = 10.0,
     probe_duration: ProbeDuration = 10.0,
+    data: GrpcDataOption = None,
+    proto: GrpcProtoOption = None,
+    import_path: GrpcImportPathOption = None,
+    metadata: GrpcMetadataOption = None,
     verbose: Verbose = 0,
 ) -> None:
     """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
@@ -185,7 +194,10 @@ def now(
     except ValueError as exc:
         raise fail(f"--at: {exc}") from exc
     scope, ruleset = _selected_rules(settings, rules_dir, severity, cause or [], rule or [], namespace or [])
-    prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings) if probe else None
+    grpc = grpc_request(data, proto, import_path, metadata)
+    if grpc.given and not probe:
+        raise fail("--data, --proto, --import-path and --metadata go with --probe grpc://...")
+    prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings, grpc) if probe else None
     if not [name for name in configured_sources(settings) if name != "probe"] and prepared_probe is None:
         raise fail(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
@@ -262,9 +274,11 @@ def _diagnose_with_spinner(run: _Run, prepared_probe: ProbeSupplier | None) -> D
         return run.diagnose(probe)
 
 
-def _prepare_probe(target: str, rate: float, duration: float, settings: Settings) -> PreparedProbe:
+def _prepare_probe(
+    target: str, rate: float, duration: float, settings: Settings, grpc: GrpcRequest
+) -> PreparedProbe:
     try:
-        return prepare_probe(target, rate=rate, duration_s=duration, settings=settings.probe)
+        return prepare_probe(target, rate=rate, duration_s=duration, settings=settings.probe, grpc=grpc)
     except DiagnoserError as exc:
         raise fail(str(exc)) from exc
 

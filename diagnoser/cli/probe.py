@@ -30,10 +30,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from diagnoser.cli.app import (
     ConfigOption,
     FormatOption,
+    GrpcDataOption,
+    GrpcImportPathOption,
+    GrpcMetadataOption,
+    GrpcProtoOption,
     OutputFormat,
     app,
     check_format,
     fail,
+    grpc_request,
     load_cli_settings,
     run_loop,
     stderr,
@@ -93,7 +98,10 @@ async def _run_with_progress(probe: PreparedProbe, console: Console, show_progre
 
 @app.command("probe")
 def probe_command(
-    target: Annotated[str, typer.Argument(help="A URL (http:// or https://) or a probes/*.yaml file.")],
+    target: Annotated[
+        str,
+        typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml."),
+    ],
     rate: Annotated[
         float | None, typer.Option("--rate", "-r", help="Requests per second (default 10 for a URL).")
     ] = None,
@@ -116,13 +124,18 @@ def probe_command(
     ] = False,
     output: FormatOption = OutputFormat.table,
     config: ConfigOption = None,
+    data: GrpcDataOption = None,
+    proto: GrpcProtoOption = None,
+    import_path: GrpcImportPathOption = None,
+    metadata: GrpcMetadataOption = None,
 ) -> None:
     """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
     check_format(output, (OutputFormat.table, OutputFormat.json))
     settings = load_cli_settings(config)
     caps = capacity_caps(settings.capacity) if load_test else None
     try:
-        spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp)
+        grpc = grpc_request(data, proto, import_path, metadata)
+        spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp, grpc=grpc)
         count = workers or settings.capacity.workers
         probe = PreparedProbe(spec, settings.probe, explicit_target=explicit, caps=caps, workers=count)
         progress = _run_with_progress(probe, stderr, show_progress=stderr.is_terminal)

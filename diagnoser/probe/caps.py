@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from diagnoser.config import (
     CAPACITY_MAX_DURATION_CEILING_S,
     CAPACITY_MAX_RATE_CEILING,
+    PROBE_MAX_CONNECTIONS_CEILING,
     PROBE_MAX_DURATION_CEILING_S,
     PROBE_MAX_RATE_CEILING,
+    PROBE_REQUEST_TIMEOUT_CEILING_S,
     CapacitySettings,
     ProbeSettings,
 )
 
-__all__ = ["LoadCaps", "capacity_caps", "probe_caps"]
+__all__ = ["LoadCaps", "capacity_caps", "effective_caps", "probe_caps"]
 
 
 @dataclass(frozen=True)
@@ -56,4 +58,18 @@ def capacity_caps(settings: CapacitySettings) -> LoadCaps:
         rate_ceiling=CAPACITY_MAX_RATE_CEILING,
         duration_setting="capacity.max_duration_s",
         duration_ceiling=CAPACITY_MAX_DURATION_CEILING_S,
+    )
+
+
+def effective_caps(settings: ProbeSettings) -> tuple[float, float, float, int]:
+    """``(rate, duration_s, timeout_s, connections)`` caps: the config's, never above the ceilings.
+
+    The config is validated against the ceilings already; this holds even for settings built
+    without validation.
+    """
+    return (
+        min(settings.max_rate, PROBE_MAX_RATE_CEILING),
+        min(settings.max_duration_s, PROBE_MAX_DURATION_CEILING_S),
+        min(settings.request_timeout_s, PROBE_REQUEST_TIMEOUT_CEILING_S),
+        min(settings.max_connections, PROBE_MAX_CONNECTIONS_CEILING),
     )

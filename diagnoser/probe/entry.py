@@ -5,25 +5,30 @@ here, so a probe measures the same way whichever command runs it::
 
     spec, explicit = build_spec("probes/x.yaml")                  # a file: allowlist applies
     spec, explicit = build_spec("http://host/x", rate=20, duration_s=10)  # typed URL: no allowlist
+    spec, explicit = build_spec("grpc://host:50051/pkg.Svc/Get", grpc=GrpcRequest(data='{"id": 1}'))
     probe = prepare_probe("probes/x.yaml", rate=20, duration_s=10, settings=settings.probe)  # may raise
     result = run_event_loop(probe())                              # a ProbeResult
     result = await run_probe(spec, settings.probe, explicit_target=explicit)   # inside a loop
 
 A probe is checked when it is prepared (definition, caps, the allowlist for probe files), so a
 refused probe is a usage error before any source is queried or any request sent; the resolved
-addresses are checked when it runs, just before the first request.
+addresses are checked when it runs, just before the first request. A gRPC probe's message types
+are resolved when it is prepared too (its ``.proto`` compiled, or the server's reflection asked,
+after the address check), so a method or a request message that does not fit is refused then.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from diagnoser.config import ProbeSettings
 from diagnoser.errors import ConfigError
 from diagnoser.probe.caps import LoadCaps
+from diagnoser.probe.grpc_target import GrpcOptions, is_grpc_url
 from diagnoser.probe.live import LiveStats
 from diagnoser.probe.open_loop import INTERRUPTED
 from diagnoser.probe.result import ProbeResult
@@ -40,10 +45,12 @@ from diagnoser.probe.workers import WorkerPool
 __all__ = [
     "DEFAULT_URL_DURATION_S",
     "DEFAULT_URL_RATE",
+    "GrpcRequest",
     "PreparedProbe",
     "build_spec",
     "is_url",
     "prepare_probe",
+    "resolve_target",
     "run_event_loop",
     "run_probe",
 ]
@@ -56,7 +63,49 @@ _T = TypeVar("_T")
 
 
 def is_url(target: str) -> bool:
-    return target.startswith(("http://", "https://"))
+    return target.startswith(("http://", "https://")) or is_grpc_url(target)
+
+
+@dataclass(frozen=True)
+class GrpcRequest:
+    """What the command line says about a gRPC call (``--data``, ``--proto``, ``--import-path``,
+    ``--metadata``).
+
+    ``data`` is the request message as JSON, or ``@FILE`` to read it from a file. For a probe
+    file, what is given here replaces the file's own; ``metadata`` is added to its headers.
+    """
+
+    data: str | None = None
+    proto: Path | None = None
+    import_paths: list[Path] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def given(self) -> bool:
+        return self.data is not None or self.proto is not None or bool(self.import_paths or self.metadata)
+
+    def apply(self, spec: ProbeSpec) -> ProbeSpec:
+        """``spec`` with these flags over its own; ``ConfigError`` for a spec that is not gRPC."""
+        if not self.given:
+            return spec
+        if not spec.is_grpc:
+            raise ConfigError("--data, --proto, --import-path and --metadata apply to grpc(s):// targets")
+        options = spec.grpc or GrpcOptions()
+        update: dict[str, Any] = {}
+        if self.proto is not None:
+            update["proto"] = self.proto
+        if self.import_paths:
+            update["import_paths"] = self.import_paths
+        changes: dict[str, Any] = {"grpc": options.model_copy(update={**update, "descriptor_set": None})}
+        if self.metadata:
+            changes["headers"] = {**spec.headers, **self.metadata}
+        if self.data is not None:
+            changes.update(body=None, bodies=None, body_file=None)
+            if self.data.startswith("@"):
+                changes["body_file"] = Path(self.data[1:])
+            else:
+                changes["body"] = self.data
+        return spec.model_copy(update=changes)
 
 
 def build_spec(
@@ -65,13 +114,23 @@ def build_spec(
     rate: float | None = None,
     duration_s: float | None = None,
     ramp_s: float | None = None,
+    grpc: GrpcRequest | None = None,
 ) -> tuple[ProbeSpec, bool]:
     """A spec from a URL or a probe file path, and whether the target was typed explicitly.
 
     For a file, ``rate``/``duration_s`` (when given) replace its schedule with a constant one, so
-    ``diagnose probe probes/x.yaml --rate 5`` is a gentler run of the same definition.
-    Raises :class:`ConfigError` for a bad file or values.
+    ``diagnose probe probes/x.yaml --rate 5`` is a gentler run of the same definition; ``grpc``
+    (the gRPC flags) replaces its call's. Raises :class:`ConfigError` for a bad file or values.
     """
+    spec, explicit = _build_spec(target, rate=rate, duration_s=duration_s, ramp_s=ramp_s)
+    if grpc is not None:
+        spec = grpc.apply(spec)
+    return spec, explicit
+
+
+def _build_spec(
+    target: str, *, rate: float | None, duration_s: float | None, ramp_s: float | None
+) -> tuple[ProbeSpec, bool]:
     if is_url(target):
         return (
             spec_from_url(
@@ -84,7 +143,7 @@ def build_spec(
         )
     path = Path(target)
     if not path.exists():
-        raise ConfigError(f"{target}: neither an http(s):// URL nor an existing probe file")
+        raise ConfigError(f"{target}: neither an http(s):// or grpc(s):// URL nor an existing probe file")
     spec = load_probe_file(path)
     if rate is not None or duration_s is not None or ramp_s is not None:
         override = spec_from_url(
@@ -120,6 +179,7 @@ class PreparedProbe:
         workers: int | None = 1,
     ) -> None:
         enforce_safety(spec, settings, explicit_target=explicit_target, caps=caps)
+        spec = resolve_target(spec, settings, explicit_target=explicit_target)
         self.spec = spec
         self.settings = settings
         self.explicit_target = explicit_target
@@ -163,7 +223,14 @@ class PreparedProbe:
         return self._running.live()
 
 
-def prepare_probe(target: str, *, rate: float, duration_s: float, settings: ProbeSettings) -> PreparedProbe:
+def prepare_probe(
+    target: str,
+    *,
+    rate: float,
+    duration_s: float,
+    settings: ProbeSettings,
+    grpc: GrpcRequest | None = None,
+) -> PreparedProbe:
     """The probe behind ``diagnose now --probe TARGET --probe-rate N --probe-duration S``.
 
     ``target`` is a URL or a probe file; ``rate``/``duration_s`` apply to a typed URL, while a probe
@@ -171,14 +238,35 @@ def prepare_probe(target: str, *, rate: float, duration_s: float, settings: Prob
     and :class:`~diagnoser.errors.ProbeSafetyError` for a refused one.
     """
     if is_url(target):
-        spec, explicit = build_spec(target, rate=rate, duration_s=duration_s)
+        spec, explicit = build_spec(target, rate=rate, duration_s=duration_s, grpc=grpc)
     else:
-        spec, explicit = build_spec(target)
+        spec, explicit = build_spec(target, grpc=grpc)
     return PreparedProbe(spec, settings, explicit_target=explicit)
 
 
+def resolve_target(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeSpec:
+    """``spec`` ready to send: for gRPC, its message types resolved and its requests checked.
+
+    An HTTP spec comes back as it is. A gRPC one has its ``.proto`` compiled or the server's
+    reflection asked (the resolved-address rule first), once; a spec already resolved is only
+    checked. Call it after :func:`~diagnoser.probe.spec.enforce_safety`; raises ``ConfigError``.
+    """
+    if not spec.is_grpc:
+        return spec
+    from diagnoser.probe.grpc_schema import resolve_grpc_spec
+
+    return resolve_grpc_spec(spec, settings, explicit_target=explicit_target)
+
+
 async def run_probe(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeResult:
-    """Check the safety rules (``ProbeSafetyError`` before any request), then run the probe."""
+    """Check the safety rules (``ProbeSafetyError`` before any request), then run the probe.
+
+    A gRPC spec's message types are resolved in a thread first (compiling a proto or asking the
+    server's reflection blocks), so a daemon's event loop keeps turning meanwhile.
+    """
+    if spec.is_grpc:
+        enforce_safety(spec, settings, explicit_target=explicit_target)
+        spec = await asyncio.to_thread(resolve_target, spec, settings, explicit_target=explicit_target)
     return await PreparedProbe(spec, settings, explicit_target=explicit_target)()
 
 

@@ -36,7 +36,6 @@ closes its connection: the late answer must not reach the next request.
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 from collections.abc import Callable
 
@@ -45,7 +44,7 @@ import httpx
 from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.http1_pool import ConnectionPool
 
-__all__ = ["Http1Transport", "describe_error"]
+__all__ = ["Http1Transport"]
 
 #: Requests whose wire form is kept (a probe rotates through a few; others come and go).
 _PREPARED_MAX = 64
@@ -182,14 +181,3 @@ def _to_httpx(request: httpx.Request, answer: RawResponse, timings: RequestTimin
         request=request,
         extensions={"http_version": b"HTTP/1.1", "timings": timings, "body_cut": answer.cut},
     )
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for a failed request: the cause's type and text, and its errno's meaning."""
-    cause = exc.__cause__ or exc
-    text = str(cause) or type(cause).__name__
-    errno = getattr(cause, "errno", None)
-    if isinstance(errno, int) and errno > 0:
-        # "Connect call failed" says nothing; the errno says refused, unreachable, reset...
-        text = f"{text} ({os.strerror(errno)})"
-    return f"{type(cause).__name__}: {text}"[:300]

@@ -1,13 +1,11 @@
 """The open-loop sender: each request leaves at its intended time, whatever earlier ones do.
 
-One scheduler coroutine walks the schedule's intended send times, waits for each with a precise
-timer (:mod:`diagnoser.probe.timer`) and starts the request as its own task; it never waits for a
-response. Requests go through httpx's transport API (``httpx.Request`` in, ``httpx.Response``
-out) over the probe's own HTTP/1.1 transport (:mod:`diagnoser.probe.http1`), which also times
-each request's phases; its keep-alive pool is sized from Little's law so that no request has to
-wait for a connection, and a request that does is counted as a pool wait. The full
-``httpx.AsyncClient`` layer (auth, redirects, cookies) is skipped on purpose: a probe wants none
-of it and it costs more CPU than the request itself.
+One scheduler walks the schedule's intended send times, waits for each with a precise timer
+(:mod:`diagnoser.probe.timer`) and starts the request; it never waits for a response. Requests go
+over the probe's own HTTP/1.1 transport (:mod:`diagnoser.probe.http1`, through the boundary of
+:mod:`diagnoser.probe.transport`), which times each request's phases; its keep-alive pool is sized
+from Little's law so that no request waits for a connection (one that does is a pool wait). The
+``httpx.AsyncClient`` layer (auth, redirects, cookies) is skipped: a probe wants none of it.
 
 Per request the probe records, in microseconds: latency from the intended send time (no
 coordinated omission), service time from the actual send, schedule lag (actual minus intended),
@@ -30,11 +28,11 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from diagnoser.config import ProbeSettings
-from diagnoser.probe.http1 import Http1Transport, describe_error
 from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.live import LiveStats
 from diagnoser.probe.parts import RunPart, part_of
@@ -42,9 +40,10 @@ from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
 from diagnoser.probe.timer import PreciseTimer, make_timer
+from diagnoser.probe.transport import ProbeTransport, describe_error, probe_transport
 from diagnoser.probe.validate import check_response, parse_json_path
 
-__all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "probe_transport"]
+__all__ = ["INTERRUPTED", "USER_AGENT", "LiveStats", "ProbeRun", "ProbeTransport", "probe_transport"]
 
 USER_AGENT = "diagnoser-probe/0.1"
 #: The reason a run stopped by :meth:`ProbeRun.stop` without one (Ctrl-C).
@@ -54,13 +53,21 @@ SCHEDULE_LAG_LIMIT_MS = 2.0
 #: Fewest finished requests in the window before the abort ratio is trusted (fewer at low rates).
 ABORT_MIN_REQUESTS = 10
 _TICK_S = 0.1
-#: With the automatic collector paused, collect the young generations once this many tracked
-#: objects have accumulated (cyclic garbage from failures, or growth): a few ms, rarely.
+#: With the collector paused, collect the young generations past this many tracked objects.
 _GC_BUDGET_OBJECTS = 100_000
 
 
 class ProbeRun:
-    """One run of one probe. Create it, then ``await run()``; ``stop()`` ends it early."""
+    """One run of one probe: ``await run()``; ``stop()`` ends it early. A ``grpc://`` spec makes a
+    :class:`~diagnoser.probe.grpc_run.GrpcProbeRun` (see ``__new__``)."""
+
+    def __new__(cls, spec: ProbeSpec, *args: Any, **kwargs: Any) -> ProbeRun:
+        # Every caller (a command, a capacity step, a worker) gets the right run for its spec.
+        if cls is ProbeRun and spec.is_grpc:
+            from diagnoser.probe.grpc_run import GrpcProbeRun  # grpcio is loaded for gRPC only
+
+            cls = GrpcProbeRun
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -76,9 +83,8 @@ class ProbeRun:
     ) -> None:
         """``explicit_target`` (a typed URL or a probe file) turns on the resolved-address rule
         at every connection (:func:`~diagnoser.probe.spec.address_refusal`); ``None`` leaves
-        it to the caller. ``share`` ``(i, n)``: this run sends every n-th request of the
-        schedule from the i-th (a worker's share, so n workers together keep it evenly spaced);
-        ``start_at``: the ``time.monotonic()`` instant of the schedule's start (workers share it)."""
+        it to the caller. ``share`` ``(i, n)``: send every n-th request from the i-th (a worker's
+        share); ``start_at``: the schedule's ``time.monotonic()`` start (workers share one)."""
         self.spec = spec
         self.settings = settings
         self._explicit_target = explicit_target
@@ -102,9 +108,9 @@ class ProbeRun:
         self._abort_reason: str | None = None
         #: In-flight requests and their deadlines; finished ones leave at once (no GC pressure).
         #: Ordered by send time, hence by deadline (one timeout for every request).
-        self._in_flight: dict[asyncio.Future[RawResponse], float] = {}
-        self._timed_out: set[asyncio.Future[RawResponse]] = set()
-        self._transport: Http1Transport | None = None
+        self._in_flight: dict[asyncio.Future[Any], float] = {}
+        self._timed_out: set[asyncio.Future[Any]] = set()
+        self._transport: ProbeTransport | None = None
         self._timer: PreciseTimer | None = None
         self._start = 0.0
         self._end: float | None = None
@@ -153,12 +159,7 @@ class ProbeRun:
 
     # -- the run ------------------------------------------------------------------------------
 
-    async def run(self) -> ProbeResult:
-        await self.send()
-        return self._result()
-
-    async def send(self) -> None:
-        """The run without its result (a worker sends its :meth:`part` instead)."""
+    async def _open_transport(self) -> ProbeTransport:
         transport = probe_transport(self.spec, self.pool_size)
         if self._explicit_target is not None:
             settings, explicit = self.settings, self._explicit_target
@@ -166,6 +167,15 @@ class ProbeRun:
                 host, address, settings, explicit_target=explicit
             )
         transport.prepare(self.spec.target)
+        return transport
+
+    async def run(self) -> ProbeResult:
+        await self.send()
+        return self._result()
+
+    async def send(self) -> None:
+        """The run without its result (a worker sends its :meth:`part` instead)."""
+        transport = await self._open_transport()
         self._transport = transport
         requests = [self._build_request(body) for body in self._bodies]
         timer = make_timer(precise=self._precise_timer, spin_s=self.settings.timer_spin_us / 1e6)
@@ -202,11 +212,11 @@ class ProbeRun:
                 gc.unfreeze()
                 gc.enable()
 
-    def _build_request(self, body: bytes | None) -> httpx.Request:
+    def _build_request(self, body: bytes | None) -> Any:
         headers = {"User-Agent": USER_AGENT, **self.spec.headers}
         return httpx.Request(self.spec.method, self.spec.target, headers=headers, content=body)
 
-    async def _send_all(self, requests: list[httpx.Request], timer: PreciseTimer) -> None:
+    async def _send_all(self, requests: list[Any], timer: PreciseTimer) -> None:
         """Send every request of the schedule on time; returns at the end of the planned duration.
 
         The sending runs in the timer's callback (see :mod:`diagnoser.probe.timer`): each call
@@ -220,9 +230,7 @@ class ProbeRun:
         dispatch = self._dispatch
         offsets = arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, random.Random(spec.seed))
         first, every = self.share
-        if every > 1:
-            # Every worker walks the one schedule and keeps its own requests: together they send
-            # it exactly, Poisson arrivals (one seed) included.
+        if every > 1:  # each worker keeps its own requests of the one schedule (Poisson too)
             offsets = itertools.islice(offsets, first, None, every)
         sent_all: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         index = 0
@@ -252,7 +260,7 @@ class ProbeRun:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), end - time.monotonic())
 
-    def _dispatch(self, request: httpx.Request, intended: float) -> None:
+    def _dispatch(self, request: Any, intended: float) -> None:
         """Send one request now; its answer is handled by :meth:`_answered` when it completes.
 
         No task per request: on a pooled connection the request is written before this returns,
@@ -271,14 +279,19 @@ class ProbeRun:
         self._in_flight[pending] = intended + self.timeout_s
         pending.add_done_callback(functools.partial(self._answered, intended, started, timings))
 
+    def _settled(self, pending: asyncio.Future[Any]) -> bool | None:
+        """Take a finished request off the books: whether it timed out, ``None`` if it was cut off."""
+        self._in_flight.pop(pending, None)
+        if pending in self._timed_out:
+            self._timed_out.discard(pending)
+            return True
+        return None if pending.cancelled() else False
+
     def _answered(
         self, intended: float, started: float, timings: RequestTimings, pending: asyncio.Future[RawResponse]
     ) -> None:
-        self._in_flight.pop(pending, None)
-        timed_out = pending in self._timed_out
-        if timed_out:
-            self._timed_out.discard(pending)
-        elif pending.cancelled():
+        timed_out = self._settled(pending)
+        if timed_out is None:
             return  # the run ended with it in flight: not an answer
         received: RawResponse | None = None
         failure: str | None = None
@@ -374,7 +387,7 @@ class ProbeRun:
         intended: float,
         started: float,
         done_at: float,
-        status: int | None,
+        status: int | str | None,
         failure: str | None,
         timed_out: bool,
     ) -> None:
@@ -408,15 +421,10 @@ class ProbeRun:
 
     def part(self, cpu_s: float = 0.0) -> RunPart:
         """This run as one worker's share of a larger one (see :mod:`diagnoser.probe.parts`)."""
-        end = self._end or time.monotonic()
-        return part_of(
-            self.recorder,
-            index=self.share[0],
-            elapsed_s=max(0.0, end - self._start),
-            aborted=self._stopped_early,
-            abort_reason=self._abort_reason if self._stopped_early else None,
-            cpu_s=cpu_s,
-        )
+        elapsed, early = max(0.0, (self._end or time.monotonic()) - self._start), self._stopped_early
+        reason = self._abort_reason if early else None
+        return part_of(self.recorder, index=self.share[0], elapsed_s=elapsed, aborted=early,
+                       abort_reason=reason, cpu_s=cpu_s)  # fmt: skip
 
     def _result(self) -> ProbeResult:
         end = self._end or time.monotonic()
@@ -440,8 +448,3 @@ def _first(value: float | None, default: float) -> float:
     return value if value is not None else default
 
 
-def probe_transport(spec: ProbeSpec, pool_size: int) -> Http1Transport:
-    """The probe's transport: ``pool_size`` keep-alive connections, bodies read up to the cap."""
-    return Http1Transport(
-        max_connections=pool_size, body_limit=spec.expect.max_body_bytes, verify_tls=spec.verify_tls
-    )

@@ -87,22 +87,32 @@ def _phase_table(result: ProbeResult) -> Table:
     return table
 
 
+def _protocol(result: ProbeResult) -> str:
+    """What the statuses are: HTTP status codes, or gRPC status names for a grpc(s):// target."""
+    return "gRPC" if result.target.startswith(("grpc://", "grpcs://")) else "HTTP"
+
+
 def _outcome_table(result: ProbeResult) -> Table:
     """One row per answer status and per failure that is not a status: a 404 is counted once."""
     table = Table(title="Outcomes", title_justify="left")
     table.add_column("outcome")
     table.add_column("count", justify="right")
     failures = result.failures.model_dump()
-    unexpected = {s: n for s, n in result.status_counts.items() if not str(s).startswith(("2", "3"))}
+    protocol = _protocol(result)
+    if protocol == "gRPC":
+        # DEADLINE_EXCEEDED is counted as a timeout, not as a status failure.
+        unexpected = {s: n for s, n in result.status_counts.items() if s not in ("OK", "DEADLINE_EXCEEDED")}
+    else:
+        unexpected = {s: n for s, n in result.status_counts.items() if not str(s).startswith(("2", "3"))}
     # Status failures are the statuses themselves when the numbers agree (the usual case: a
     # non-2xx/3xx answer failed the status check); only then can the rows say so without a
     # second row counting the same answers again.
     status_rows_say_it = failures.get("status", 0) == sum(unexpected.values())
     for status, count in result.status_counts.items():
         if status_rows_say_it and status in unexpected:
-            table.add_row(Text(f"HTTP {status} (failure: status)", style="red"), str(count))
+            table.add_row(Text(f"{protocol} {status} (failure: status)", style="red"), str(count))
         else:
-            table.add_row(f"HTTP {status}", str(count))
+            table.add_row(f"{protocol} {status}", str(count))
     for kind, count in failures.items():
         if count and not (kind == "status" and status_rows_say_it):
             table.add_row(Text(f"failure: {kind}", style="red"), str(count))
@@ -113,7 +123,7 @@ def _examples(result: ProbeResult) -> Text:
     text = Text("Sampled failures\n", style="bold")
     lines: dict[str, int] = {}
     for example in result.examples:
-        where = f"HTTP {example.status}" if example.status is not None else "no response"
+        where = f"{_protocol(result)} {example.status}" if example.status is not None else "no response"
         line = f"  {example.kind}: {where}"
         if example.kind == "truncated" and example.content_length is not None:
             line += f", Content-Length {example.content_length}, received {example.received_bytes} bytes"

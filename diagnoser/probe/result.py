@@ -134,7 +134,8 @@ class ResponseExample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str
-    status: int | None = None
+    #: The HTTP status, or the gRPC status name (``OK``, ``UNAVAILABLE``).
+    status: int | str | None = None
     body: str | None = None
     content_length: int | None = None
     received_bytes: int | None = None
@@ -210,7 +211,8 @@ class ProbeRecorder:
     MAX_EXAMPLE_BODY = 512
 
     def __init__(self) -> None:
-        self.status_counts: dict[int, int] = {}
+        #: HTTP status codes, or gRPC status names: one run has one kind.
+        self.status_counts: dict[int | str, int] = {}
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_KINDS, 0)
         self.examples: list[ResponseExample] = []
         self._examples_per_kind: dict[str, int] = {}
@@ -234,7 +236,7 @@ class ProbeRecorder:
         tls_s: float | None,
         ttfb_s: float | None,
         body_s: float | None,
-        status: int | None,
+        status: int | str | None,
         failure: str | None,
     ) -> None:
         """Record one finished request; ``latency_s`` is ``None`` when no response and no timeout."""

@@ -33,13 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from diagnoser.config import (
     PROBE_MAX_CONNECTIONS_CEILING,
-    PROBE_MAX_DURATION_CEILING_S,
-    PROBE_MAX_RATE_CEILING,
     PROBE_REQUEST_TIMEOUT_CEILING_S,
     ProbeSettings,
 )
 from diagnoser.errors import ConfigError, ProbeSafetyError
-from diagnoser.probe.caps import LoadCaps, probe_caps
+from diagnoser.probe.caps import LoadCaps, effective_caps, probe_caps
+from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, grpc_options_for, grpc_paths_beside
 
 __all__ = [
     "ConstantSchedule",
@@ -171,6 +170,8 @@ class ProbeSpec(_Strict):
     abort_window_s: float | None = Field(default=None, gt=0)
     #: Seed for Poisson arrivals, so a run can be repeated exactly.
     seed: int | None = None
+    #: A ``grpc(s)://`` target's message types and channels; the body is the request as JSON.
+    grpc: GrpcOptions | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -188,9 +189,20 @@ class ProbeSpec(_Strict):
     @classmethod
     def _http_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"target must be an http:// or https:// URL with a host, got {value!r}")
+        if parts.scheme not in ("http", "https", *GRPC_SCHEMES) or not parts.hostname:
+            raise ValueError(
+                f"target must be an http:// or https:// URL with a host (or grpc://, grpcs://), got {value!r}"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _grpc_options_for_grpc_targets(self) -> ProbeSpec:
+        self.grpc = grpc_options_for(self.target, self.grpc)
+        return self
+
+    @property
+    def is_grpc(self) -> bool:
+        return urlsplit(self.target).scheme in GRPC_SCHEMES
 
     @model_validator(mode="after")
     def _one_body_source(self) -> ProbeSpec:
@@ -257,6 +269,8 @@ def load_probe_file(path: Path) -> ProbeSpec:
     data.setdefault("name", path.stem)
     if isinstance(data.get("body_file"), str) and not Path(data["body_file"]).is_absolute():
         data["body_file"] = str(path.parent / data["body_file"])
+    if isinstance(data.get("grpc"), dict):
+        data["grpc"] = grpc_paths_beside(data["grpc"], path.parent)
     try:
         return ProbeSpec.model_validate(data)
     except ValidationError as exc:
@@ -292,20 +306,6 @@ def host_allowed(host: str, allowed: list[str]) -> bool:
     """Exact host names, or shell patterns such as ``*.staging.example.com``."""
     host = host.lower()
     return any(fnmatch.fnmatchcase(host, pattern.lower()) for pattern in allowed)
-
-
-def effective_caps(settings: ProbeSettings) -> tuple[float, float, float, int]:
-    """``(rate, duration_s, timeout_s, connections)`` caps: the config's, never above the ceilings.
-
-    The config is validated against the ceilings already; this holds even for settings built
-    without validation.
-    """
-    return (
-        min(settings.max_rate, PROBE_MAX_RATE_CEILING),
-        min(settings.max_duration_s, PROBE_MAX_DURATION_CEILING_S),
-        min(settings.request_timeout_s, PROBE_REQUEST_TIMEOUT_CEILING_S),
-        min(settings.max_connections, PROBE_MAX_CONNECTIONS_CEILING),
-    )
 
 
 def enforce_safety(

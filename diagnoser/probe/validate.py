@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from diagnoser.probe.spec import Expectations
 
-__all__ = ["FAILURE_KINDS", "check_response", "has_no_values", "parse_json_path", "resolve_json_path"]
+__all__ = [
+    "FAILURE_KINDS",
+    "check_message",
+    "check_response",
+    "has_no_values",
+    "parse_json_path",
+    "resolve_json_path",
+]
 
 #: Every failure kind the probe counts, in the order they are reported.
 FAILURE_KINDS: tuple[str, ...] = (
@@ -133,3 +141,38 @@ def check_response(
         if value is _MISSING or has_no_values(value) or value == "":
             return "missing_path"
     return None
+
+
+def check_message(
+    expect: Expectations,
+    json_path: list[PathStep] | None,
+    payload: bytes,
+    to_json: Callable[[bytes], Any],
+) -> tuple[str | None, str | None]:
+    """``(failure kind or None, the message as JSON text)`` for a gRPC ``OK`` answer.
+
+    The same expectations as for an HTTP body, on the message as protobuf's JSON mapping (fields
+    left at their defaults are absent): a message with nothing set (zero bytes) is
+    ``empty_body``; one whose JSON holds no value (``{"features": {}}``) is ``empty_json``; a
+    ``json_path`` that is absent or empty is ``missing_path``. Bytes that are not the response
+    message are a ``read_error``.
+    """
+    if not payload:
+        if expect.non_empty_body:
+            return "empty_body", "{}"
+        return ("missing_path", "{}") if json_path is not None else (None, None)
+    if not expect.non_empty_json and json_path is None:
+        return None, None
+    try:
+        document = to_json(payload)
+    except ValueError:
+        return "read_error", None
+    failure: str | None = None
+    if expect.non_empty_json and has_no_values(document):
+        failure = "empty_json"
+    elif json_path is not None:
+        value = resolve_json_path(document, json_path)
+        if value is _MISSING or has_no_values(value) or value == "":
+            failure = "missing_path"
+    # The text only for a failure's example: a good answer costs no dump.
+    return failure, json.dumps(document, separators=(",", ":")) if failure else None

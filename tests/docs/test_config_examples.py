@@ -51,6 +51,16 @@ def test_probe_example_loads(tmp_path: Path) -> None:
     assert spec.timeout_s == 2
 
 
+def test_grpc_probe_example_loads(tmp_path: Path) -> None:
+    path = tmp_path / "features.yaml"
+    path.write_text(only("grpc-probe").text, encoding="utf-8")
+    spec = load_probe_file(path)
+    assert spec.is_grpc and spec.grpc is not None
+    assert spec.grpc.proto == tmp_path / "protos" / "features.proto"
+    assert spec.headers == {"x-tenant": "shop"}
+    assert spec.timeout_s == 0.5
+
+
 def test_signal_file_example_adds_its_convention(tmp_path: Path) -> None:
     path = tmp_path / "acme.yaml"
     path.write_text(only("signals").text, encoding="utf-8")

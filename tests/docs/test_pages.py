@@ -17,6 +17,7 @@ KNOWN_KINDS = {
     "output",  # test_reference.py: a recorded run's excerpt, its rule ids and causes still exist
     "config",  # test_config_examples.py: loaded by diagnoser's config loader
     "probe",  # test_config_examples.py: loaded by the probe file loader
+    "grpc-probe",  # test_config_examples.py: a gRPC probe file, loaded by the probe file loader
     "signals",  # test_config_examples.py: loaded into the signal catalogue
     "condition",  # test_config_examples.py: loaded by the rule loader inside a rule
     "rule-error",  # test_config_examples.py: the loader's message for that mistake

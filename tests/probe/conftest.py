@@ -91,3 +91,75 @@ def server(delay_server: DelayServer) -> DelayServer:
     delay_server.reset()
     delay_server.stall(0, 0)
     return delay_server
+
+
+GRPC_SERVER_SCRIPT = Path(__file__).with_name("grpc_server.py")
+FEATURES_PROTO = Path(__file__).with_name("protos") / "features.proto"
+
+
+@dataclass
+class GrpcServer:
+    """A running grpc_server.py: its address, and its own counters read over its Control service."""
+
+    port: int
+    process: subprocess.Popen[str]
+    pb: Any
+    pb_grpc: Any
+    empty: Any
+
+    def url(self, method: str = "Get", scheme: str = "grpc") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}/features.v1.Features/{method}"
+
+    def stats(self) -> Any:
+        import grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            return self.pb_grpc.ControlStub(channel).Stats(self.empty.Empty(), timeout=5)
+
+    def reset(self) -> None:
+        import grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            self.pb_grpc.ControlStub(channel).Reset(self.empty.Empty(), timeout=5)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def grpc_modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """The test service's messages and stubs, generated from features.proto for the tests' own use."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from grpc_server import compile_features
+
+    return compile_features(tmp_path_factory.mktemp("features_pb"))  # type: ignore[no-any-return]
+
+
+def start_grpc_server(modules: tuple[Any, Any, Any], *extra: str) -> GrpcServer:
+    process = subprocess.Popen(
+        [sys.executable, str(GRPC_SERVER_SCRIPT), "--port", "0", *extra], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("PORT "):
+        process.kill()
+        raise RuntimeError(f"gRPC server did not start: {line!r}")
+    return GrpcServer(int(line.split()[1]), process, *modules)
+
+
+@pytest.fixture(scope="session")
+def grpc_feature_server(grpc_modules: tuple[Any, Any, Any]) -> Iterator[GrpcServer]:
+    """The feature service with reflection (v1 and v1alpha), no concurrency limit."""
+    server = start_grpc_server(grpc_modules)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def grpc_server(grpc_feature_server: GrpcServer) -> GrpcServer:
+    """The shared gRPC server with its counters reset."""
+    grpc_feature_server.reset()
+    return grpc_feature_server

@@ -34,10 +34,12 @@ def _fired(diagnosis: Diagnosis) -> dict[str, str]:
     return {f.rule_id: f.summary for f in diagnosis.findings}
 
 
-def test_all_six_rules_load() -> None:
+def test_all_eight_rules_load() -> None:
     assert sorted(r.id for r in PROBE_RULES) == [
         "probe/probe-empty-success-response",
         "probe/probe-error-rate-breach",
+        "probe/probe-grpc-deadline-exceeded",
+        "probe/probe-grpc-load-shedding",
         "probe/probe-latency-slo-breach",
         "probe/probe-target-unreachable",
         "probe/probe-tls-handshake-overhead",
