@@ -13,6 +13,7 @@ of the fixed sweep.
 
     .venv/bin/python bench/capacity.py                        # about 4 minutes
     .venv/bin/python bench/capacity.py --step-s 5 --pool 4 --hold-ms 20 --max-rate 400
+    .venv/bin/python bench/capacity.py --nginx                # a known limit of 3,000 req/s (nginx)
 
 All traffic goes to 127.0.0.1; every run is bounded by its step count and step time. The
 processes run at a raised priority when allowed (the pool's limit is what is measured, not the
@@ -71,6 +72,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
+    if "--nginx" in sys.argv:  # the knee of a fast server with a known rate limit
+        sys.path.insert(0, str(REPO / "bench"))
+        import capacity_nginx
+
+        capacity_nginx.main([a for a in sys.argv[1:] if a != "--nginx"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pool", type=int, default=4)
     parser.add_argument("--hold-ms", type=float, default=20.0)

@@ -16,6 +16,7 @@ connection, back to back), whose p99 hides it.
     .venv/bin/python bench/probe.py                       # the full sweep (several minutes)
     .venv/bin/python bench/probe.py --rates 100,1000 --duration 5 --repeat 1 --skip-stall
     .venv/bin/python bench/probe.py --spin-us 0           # without the probe's timer spin (config)
+    .venv/bin/python bench/probe.py --scale               # 1 and N workers against nginx (probe_scale.py)
     .venv/bin/python bench/probe.py --grpc --rates 200    # the gRPC client (bench/probe_grpc.py)
 
 All traffic goes to 127.0.0.1, each run is bounded by its duration.
@@ -409,6 +410,12 @@ def stall(server: Server, duration: float, delay_ms: float, cpu: int) -> None:
 
 
 def main() -> None:
+    if "--scale" in sys.argv:  # rate per core with 1 and N workers against nginx, beside wrk and hey
+        sys.path.insert(0, str(REPO / "bench"))
+        import probe_scale
+
+        probe_scale.main([a for a in sys.argv[1:] if a != "--scale"])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--grpc":
         import probe_grpc  # beside this script: the same comparison for grpc:// targets
 

@@ -12,6 +12,7 @@ Everything diagnoser raises on purpose derives from :class:`DiagnoserError`::
     │   │                      (also a ValueError); ``missing``: a value it names is absent
     │   └── PromqlSyntaxError  a PromQL query the parser cannot read (``query``, ``reason``)
     ├── ProbeSafetyError       a probe asked for more than its caps or a host outside the allowlist
+    ├── ProbeWorkerError       a probe worker (process or pod) died or broke the protocol mid-run
     ├── SlackSendError         Slack did not take a message; its attributes say whether to retry
     ├── StateError             the daemon's state file cannot be opened or written (``reason`` says why)
     ├── NotationError          a rule test's series notation does not parse (also a ValueError)
@@ -38,6 +39,7 @@ __all__ = [
     "NoDataFound",
     "NotationError",
     "ProbeSafetyError",
+    "ProbeWorkerError",
     "PromqlSyntaxError",
     "RuleProblem",
     "SlackSendError",
@@ -83,6 +85,11 @@ class NoDataFound(DiagnoserError):
 
 class ProbeSafetyError(DiagnoserError):
     """A probe definition or flag exceeds a safety cap, or targets a host not allowed."""
+
+
+class ProbeWorkerError(DiagnoserError):
+    """A worker of a multi-process or multi-pod run died, timed out or answered garbage: the run
+    (or capacity step) it was part of fails, rather than reporting a silently lower rate."""
 
 
 class StateError(DiagnoserError):

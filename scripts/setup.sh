@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a Debian/Ubuntu machine for diagnoser's demo, tests and benchmarks:
 # the real servers the tests run (Prometheus, Redis, redis_exporter, elasticsearch_exporter),
-# load-generator references (wrk, hey), a virtualenv with diagnoser installed in it, and the
+# load-generator references (wrk, hey), nginx (the fast server of bench/probe.py and
+# bench/capacity.py), a virtualenv with diagnoser installed in it, and the
 # helm and kubectl binaries the deployment tests render the chart and the kustomize overlays with.
 # A container builder (podman) for the image test comes too under CI (CI=true) or with
 # DIAGNOSER_IMAGE_TEST=1; DIAGNOSER_IMAGE_TEST=0 leaves it out.
@@ -9,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl python3-venv)
-NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey openssl)
+APT_PACKAGES=(prometheus redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey nginx openssl python3-venv)
+NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prometheus-elasticsearch-exporter wrk hey nginx openssl)
 # Servers at their connection limit, as tests/fixtures/pool_services/record_limits.py records them
 # (the tests replay the recordings; these are for re-recording): PostgreSQL with its exporter, HAProxy.
 APT_PACKAGES+=(postgresql prometheus-postgres-exporter haproxy)

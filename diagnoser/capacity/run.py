@@ -30,8 +30,10 @@ from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
 from diagnoser.config import Settings
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset
+from diagnoser.errors import ProbeWorkerError
 from diagnoser.models import Diagnosis, SourceError
-from diagnoser.probe import ProbeRun
+from diagnoser.probe.caps import LoadCaps, capacity_caps
+from diagnoser.probe.running import InProcess, Launcher, RunningProbe
 from diagnoser.ruleset import RuleSet
 
 __all__ = ["CapacityOptions", "CapacityRun"]
@@ -83,8 +85,17 @@ class CapacityRun:
         rules: RuleSet | None = None,
         on_progress: ProgressCallback | None = None,
         on_step: Callable[[CapacityStep], None] | None = None,
+        launcher: Launcher | None = None,
+        caps: LoadCaps | None = None,
     ) -> None:
+        """``launcher`` sends each step (default: this process; a
+        :class:`~diagnoser.probe.workers.WorkerPool` for processes or pods); ``caps``: the load
+        test's, ``capacity.*`` by default."""
         self.plan = plan
+        self.launcher: Launcher = launcher if launcher is not None else InProcess()
+        self.caps = caps if caps is not None else capacity_caps(settings.capacity)
+        #: Why the run ended without an answer: a worker died during a step.
+        self.worker_failure: str | None = None
         self.settings = settings
         self.options = options
         self.rules = rules
@@ -97,8 +108,13 @@ class CapacityRun:
             precision=options.precision,
             fixed_steps=options.fixed_steps,
         )
-        self._current: ProbeRun | None = None
+        self._current: RunningProbe | None = None
         self._stopped = asyncio.Event()
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        """Set once :meth:`stop` was called (Ctrl-C)."""
+        return self._stopped
 
     def stop(self) -> None:
         """End the run now: the running step stops, its partial numbers are kept, no step follows."""
@@ -106,7 +122,7 @@ class CapacityRun:
         if self._current is not None:
             self._current.stop()
 
-    def _started(self, run: ProbeRun) -> None:
+    def _started(self, run: RunningProbe) -> None:
         self._current = run
         if self._stopped.is_set():
             run.stop()
@@ -117,6 +133,10 @@ class CapacityRun:
         steps: list[_Step] = []
         try:
             await self._steps(steps, sources, rules)
+        except ProbeWorkerError as exc:
+            # The step did not run at its rate: it counts for nothing, and no step follows.
+            self.worker_failure = str(exc)
+            log.error("capacity run stopped: %s", exc)
         finally:
             if sources is not None:
                 await sources.aclose()
@@ -129,7 +149,8 @@ class CapacityRun:
         rate = self.search.next_rate()
         if rate is not None:
             plan = replace(self.plan, step_s=self.options.warmup_s, min_step_s=self.options.warmup_s)
-            await run_step(plan, self.settings.probe, rate, on_start=self._started)
+            await run_step(plan, self.settings.probe, rate, launcher=self.launcher, caps=self.caps,
+                           on_start=self._started)  # fmt: skip
             await self._pause()
 
     async def _pause(self, quiet_since: float | None = None) -> None:
@@ -157,6 +178,8 @@ class CapacityRun:
                 self.plan,
                 self.settings.probe,
                 rate,
+                launcher=self.launcher,
+                caps=self.caps,
                 on_start=self._started,
                 on_progress=self.on_progress,
                 scout=scout and self.options.fixed_steps is None,
@@ -227,6 +250,13 @@ class CapacityRun:
             ]
         limit, limit_notes = self._limit(counted)
         first_fail = _first_failing(counted)
+        if first_fail is not None and first_fail.measurement.result.bottleneck == "scheduler":
+            lag = first_fail.measurement.result.schedule_lag_ms.p99
+            notes.append(
+                f"at {first_fail.measurement.rate:g} req/s the probe itself fell behind its schedule "
+                f"(lag p99 {lag} ms): the load generator's CPU may have set this knee, not the target; "
+                "add workers (--workers, --on-cluster) or run it where nothing else competes for the cores"
+            )
         retried = len(steps) - len(counted)
         if retried:
             notes.append(
@@ -248,9 +278,10 @@ class CapacityRun:
             evidence_checked=sources is not None,
         )
 
-    @staticmethod
-    def _errors(steps: list[_Step], sources: BuiltSources | None) -> list[SourceError]:
+    def _errors(self, steps: list[_Step], sources: BuiltSources | None) -> list[SourceError]:
         errors: list[SourceError] = list(sources.errors) if sources is not None else []
+        if self.worker_failure is not None:
+            errors.append(SourceError(source="probe", message=self.worker_failure))
         for step in steps:
             for error in step.diagnosis.errors if step.diagnosis is not None else []:
                 if error not in errors:
@@ -258,6 +289,11 @@ class CapacityRun:
         return errors
 
     def _limit(self, steps: list[_Step]) -> tuple[Limit, list[str]]:
+        if self.worker_failure is not None:
+            return Limit.aborted, [
+                f"a probe worker failed during a step ({self.worker_failure}): that step does not count "
+                "and no step followed; the table is partial"
+            ]
         if self._stopped.is_set() or any(s.measurement.interrupted for s in steps):
             return Limit.aborted, ["interrupted: the table is partial"]
         first_fail = _first_failing(steps)
@@ -266,7 +302,7 @@ class CapacityRun:
         if steps and max(s.measurement.rate for s in steps) >= self.options.max_rate:
             return Limit.max_rate, [
                 f"every step up to the maximum rate ({self.options.max_rate:g} req/s) held: "
-                "the capacity is at least that (raise --max-rate, within probe.max_rate, to look further)"
+                "the capacity is at least that (raise --max-rate, within capacity.max_rate, to look further)"
             ]
         if self.options.fixed_steps is not None and steps:
             return Limit.max_rate, ["every fixed step held"]

@@ -1,8 +1,9 @@
 """One step of the search: a constant open-loop rate for a while, measured and judged.
 
-A step is one :class:`~diagnoser.probe.ProbeRun` of the target's probe definition with a
-constant schedule, checked against the probe caps like any other run (a step above
-``probe.max_rate`` or longer than ``probe.max_duration_s`` is refused before it sends anything).
+A step is one run of the target's probe definition with a constant schedule, started by the
+run's launcher (in this process, or over worker processes or pods whose results are merged
+exactly) and checked against the load test's caps (a step above ``capacity.max_rate`` or longer
+than ``capacity.max_duration_s`` is refused before it sends anything).
 While it runs, a watcher reads the probe's live counters every quarter second to
 
 - stop the step as soon as its verdict can no longer change: once more than 1 % of the requests
@@ -26,8 +27,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from diagnoser.config import ProbeSettings
-from diagnoser.probe import LiveStats, ProbeResult, ProbeRun, ProbeSpec, enforce_safety
+from diagnoser.probe import LiveStats, ProbeResult, ProbeSpec, enforce_safety
+from diagnoser.probe.caps import LoadCaps
 from diagnoser.probe.open_loop import INTERRUPTED
+from diagnoser.probe.running import Launcher, RunningProbe
 from diagnoser.probe.spec import ConstantSchedule
 
 __all__ = ["StepMeasurement", "StepPlan", "Verdict", "run_step"]
@@ -72,31 +75,28 @@ class StepMeasurement:
 
 
 class _Watcher:
-    """Reads a running probe's counters; decides when its verdict is settled."""
+    """Reads a running probe's tally; decides when its verdict is settled."""
 
-    def __init__(self, run: ProbeRun, plan: StepPlan, rate: float) -> None:
+    def __init__(self, run: RunningProbe, plan: StepPlan, rate: float) -> None:
         self.run = run
         self.plan = plan
         planned = rate * plan.step_s
         self.slow_allowed = _P99_SHARE * planned
         self.failures_allowed = plan.max_error_ratio * planned
         self.slow = 0
+        self.failures = 0
         self._scanned = 0
         self.settled: Verdict | None = None
         self.samples: list[tuple[float, int]] = []
 
     def check(self, elapsed: float, *, sending: bool = True) -> None:
-        recorder = self.run.recorder
-        latencies = recorder.values["latency"]
-        limit = self.plan.slo_p99_ms
-        # Only the new answers: a step of thousands of requests is scanned once, not each tick.
-        self.slow += sum(1 for v in latencies[self._scanned :] if v > limit)
-        self._scanned = len(latencies)
+        tally = self.run.tally()
+        self.slow, self.failures, self._scanned = tally.slow, tally.failures, tally.scanned
         if sending:
             # Answers after sending stopped are the queue draining: not a rate the load held.
-            self.samples.append((elapsed, recorder.completed))
+            self.samples.append((elapsed, tally.completed))
         if self.settled is None:
-            if sum(recorder.failures.values()) > self.failures_allowed:
+            if self.failures > self.failures_allowed:
                 self.settled = "errors"
             elif self.slow > self.slow_allowed:
                 self.settled = "latency"
@@ -104,7 +104,7 @@ class _Watcher:
     @property
     def clean(self) -> bool:
         """Not one answer so far slower than the SLO or failed."""
-        return self.slow == 0 and not sum(self.run.recorder.failures.values()) and self._scanned > 0
+        return self.slow == 0 and not self.failures and self._scanned > 0
 
     def served_rate(self) -> float | None:
         """Answers per second over the second half of the samples."""
@@ -121,7 +121,9 @@ async def run_step(
     settings: ProbeSettings,
     rate: float,
     *,
-    on_start: Callable[[ProbeRun], None],
+    launcher: Launcher,
+    caps: LoadCaps,
+    on_start: Callable[[RunningProbe], None],
     on_progress: ProgressCallback | None = None,
     scout: bool = False,
 ) -> StepMeasurement:
@@ -133,12 +135,12 @@ async def run_step(
     """
     schedule = ConstantSchedule(rate=rate, duration_s=plan.step_s)
     spec = plan.spec.model_copy(update={"schedule": schedule})
-    enforce_safety(spec, settings, explicit_target=plan.explicit_target)
-    run = ProbeRun(spec, settings)
+    enforce_safety(spec, settings, explicit_target=plan.explicit_target, caps=caps)
+    run = launcher.launch(spec, settings, explicit_target=plan.explicit_target, slow_ms=plan.slo_p99_ms)
     watcher = _Watcher(run, plan, rate)
     on_start(run)
     started_wall, started = datetime.now(UTC), time.monotonic()
-    task = asyncio.get_running_loop().create_task(run.run())
+    task = asyncio.get_running_loop().create_task(run.result())
     stopped_early = False
     while not task.done():
         await asyncio.wait({task}, timeout=_WATCH_EVERY_S)

@@ -7,17 +7,18 @@
     diagnose capacity URL --slo-p99-ms 50 --prometheus-url URL       # the rate that holds the SLO
     diagnose serve --config diagnoser.yaml                           # the always-on daemon
     diagnose signals --prometheus-url URL                            # what the rules will find there
+    diagnose worker --coordinator HOST:PORT                          # a capacity run's worker (pod)
 """
 
 from __future__ import annotations
 
-from diagnoser.cli import capacity, now, probe, rules, serve, signals
+from diagnoser.cli import capacity, now, probe, rules, serve, signals, worker
 from diagnoser.cli.app import app
 
 __all__ = ["app", "main"]
 
 # Importing a command's module registers it; the names keep the imports visibly used.
-_COMMANDS = (now, rules, probe, capacity, serve, signals)
+_COMMANDS = (now, rules, probe, capacity, serve, signals, worker)
 
 
 def main() -> None:

@@ -7,7 +7,10 @@
     diagnose probe https://api.internal/v1/items --rate 200 --duration 120 --ramp 30
 
 A URL typed here is the user's explicit intent and needs no allowlist entry; a probe file's
-host must be in ``probe.allowed_hosts``. While it runs, a progress line shows the achieved
+host must be in ``probe.allowed_hosts``. Above 1,000 req/s (the probe's ceiling) the run is a
+load test: ``--load-test`` holds it to ``capacity.max_rate`` instead, and ``--workers N`` (by
+default one per usable core, no more than the rate needs) sends it from N processes whose
+histograms are merged exactly. While it runs, a progress line shows the achieved
 rate, the p99 of the last half second and the failures; Ctrl-C stops it cleanly and prints the
 partial report. Exit codes: 0 all answers good, 1 failures or an abort, 2 usage, configuration
 or safety refusal, 130 interrupted (Ctrl-C).
@@ -41,7 +44,8 @@ from diagnoser.cli.app import (
     stderr,
     stdout,
 )
-from diagnoser.errors import DiagnoserError
+from diagnoser.errors import DiagnoserError, ProbeWorkerError
+from diagnoser.probe.caps import capacity_caps
 from diagnoser.probe.entry import PreparedProbe, build_spec
 from diagnoser.probe.open_loop import INTERRUPTED
 from diagnoser.probe.report import render_report
@@ -108,6 +112,16 @@ def probe_command(
         float | None,
         typer.Option("--ramp", help="Seconds to ramp up from 1 req/s to --rate before holding it."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", "-w", min=1, max=256,
+                     help="Processes sending the load (default: one per core, no more than the rate needs)."),
+    ] = None,
+    load_test: Annotated[
+        bool,
+        typer.Option("--load-test", help="An explicit load test: capacity.* caps (up to 100,000 req/s) "
+                     "instead of the probe's (up to 1,000)."),
+    ] = False,
     output: FormatOption = OutputFormat.table,
     config: ConfigOption = None,
     data: GrpcDataOption = None,
@@ -118,12 +132,16 @@ def probe_command(
     """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
     check_format(output, (OutputFormat.table, OutputFormat.json))
     settings = load_cli_settings(config)
+    caps = capacity_caps(settings.capacity) if load_test else None
     try:
         grpc = grpc_request(data, proto, import_path, metadata)
         spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp, grpc=grpc)
-        probe = PreparedProbe(spec, settings.probe, explicit_target=explicit)
+        count = workers or settings.capacity.workers
+        probe = PreparedProbe(spec, settings.probe, explicit_target=explicit, caps=caps, workers=count)
         progress = _run_with_progress(probe, stderr, show_progress=stderr.is_terminal)
         result = run_loop(progress, on_interrupt=probe.stop)
+    except ProbeWorkerError as exc:  # a worker died mid-run: the run failed, no silently lower rate
+        raise fail(str(exc), code=1) from exc
     except DiagnoserError as exc:  # a bad target, a safety refusal, the resolved address refused
         raise fail(str(exc)) from exc
     if output is OutputFormat.json:

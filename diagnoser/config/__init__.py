@@ -27,12 +27,15 @@ Example file::
 from __future__ import annotations
 
 from diagnoser.config.sections import (
+    CAPACITY_MAX_DURATION_CEILING_S,
+    CAPACITY_MAX_RATE_CEILING,
     DEFAULT_RUNBOOK_BASE_URL,
     PROBE_MAX_CONNECTIONS_CEILING,
     PROBE_MAX_DURATION_CEILING_S,
     PROBE_MAX_RATE_CEILING,
     PROBE_REQUEST_TIMEOUT_CEILING_S,
     BasicAuth,
+    CapacitySettings,
     DaemonSettings,
     ElasticsearchSettings,
     KubernetesSettings,
@@ -48,12 +51,15 @@ from diagnoser.config.settings import Settings, check_paths, configured_sources,
 from diagnoser.promql import duration_seconds
 
 __all__ = [
+    "CAPACITY_MAX_DURATION_CEILING_S",
+    "CAPACITY_MAX_RATE_CEILING",
     "DEFAULT_RUNBOOK_BASE_URL",
     "PROBE_MAX_CONNECTIONS_CEILING",
     "PROBE_MAX_DURATION_CEILING_S",
     "PROBE_MAX_RATE_CEILING",
     "PROBE_REQUEST_TIMEOUT_CEILING_S",
     "BasicAuth",
+    "CapacitySettings",
     "DaemonSettings",
     "ElasticsearchSettings",
     "KubernetesSettings",

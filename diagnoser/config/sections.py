@@ -94,6 +94,23 @@ class ProbeSettings(_Section):
     timer_spin_us: float = Field(default=200.0, ge=0, le=1000)
 
 
+#: Ceilings of ``diagnose capacity`` (an explicit load test, never the daemon's probe): the
+#: aggregate rate of every worker together and a step's length. No config or flag passes them.
+CAPACITY_MAX_RATE_CEILING = 100_000.0
+CAPACITY_MAX_DURATION_CEILING_S = 3600.0
+
+
+class CapacitySettings(_Section):
+    """Caps of ``diagnose capacity`` and ``diagnose probe --load-test``: the aggregate rate of all
+    workers and a step's length, up to the ``CAPACITY_*_CEILING`` constants. The allowlist, the
+    address rule, the request timeout and the connections per worker stay ``probe.*``'s."""
+
+    max_rate: float = Field(default=20_000.0, gt=0, le=CAPACITY_MAX_RATE_CEILING)
+    max_duration_s: float = Field(default=600.0, gt=0, le=CAPACITY_MAX_DURATION_CEILING_S)
+    #: Worker processes on this machine; ``None``: one per usable core, no more than the rate needs.
+    workers: int | None = Field(default=None, ge=1, le=256)
+
+
 class SlackSettings(_Section):
     webhook_url: SecretStr | None = None
     token: SecretStr | None = None

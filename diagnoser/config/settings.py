@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from diagnoser.config.sections import (
     DEFAULT_RUNBOOK_BASE_URL,
+    CapacitySettings,
     DaemonSettings,
     ElasticsearchSettings,
     KubernetesSettings,
@@ -41,6 +42,7 @@ class Settings(BaseSettings):
     elasticsearch: ElasticsearchSettings = Field(default_factory=ElasticsearchSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     #: Metric-name overrides: ``real exporter name -> name in this installation``.

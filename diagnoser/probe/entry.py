@@ -27,9 +27,12 @@ from typing import Any, TypeVar
 
 from diagnoser.config import ProbeSettings
 from diagnoser.errors import ConfigError
+from diagnoser.probe.caps import LoadCaps
 from diagnoser.probe.grpc_target import GrpcOptions, is_grpc_url
-from diagnoser.probe.open_loop import INTERRUPTED, LiveStats, ProbeRun
+from diagnoser.probe.live import LiveStats
+from diagnoser.probe.open_loop import INTERRUPTED
 from diagnoser.probe.result import ProbeResult
+from diagnoser.probe.running import LocalRun, RunningProbe, default_workers
 from diagnoser.probe.spec import (
     ProbeSpec,
     check_resolved_addresses,
@@ -37,6 +40,7 @@ from diagnoser.probe.spec import (
     load_probe_file,
     spec_from_url,
 )
+from diagnoser.probe.workers import WorkerPool
 
 __all__ = [
     "DEFAULT_URL_DURATION_S",
@@ -159,15 +163,32 @@ class PreparedProbe:
     probe file's host outside the allowlist, and :class:`~diagnoser.errors.ConfigError` for a
     request body that cannot be read, before anything is sent. ``stop()`` ends a running probe
     early with a partial result (Ctrl-C); ``live()`` is what a progress view shows.
+
+    ``caps`` are the probe's own unless a load test gives its own (``diagnose probe --load-test``:
+    :func:`~diagnoser.probe.caps.capacity_caps`). ``workers``: processes that send it (1, the
+    default, is this process; ``None`` picks :func:`~diagnoser.probe.running.default_workers`).
     """
 
-    def __init__(self, spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> None:
-        enforce_safety(spec, settings, explicit_target=explicit_target)
+    def __init__(
+        self,
+        spec: ProbeSpec,
+        settings: ProbeSettings,
+        *,
+        explicit_target: bool,
+        caps: LoadCaps | None = None,
+        workers: int | None = 1,
+    ) -> None:
+        enforce_safety(spec, settings, explicit_target=explicit_target, caps=caps)
         spec = resolve_target(spec, settings, explicit_target=explicit_target)
         self.spec = spec
         self.settings = settings
         self.explicit_target = explicit_target
-        self._run = ProbeRun(spec, settings, explicit_target=explicit_target)
+        self.workers = workers if workers is not None else default_workers(spec.peak_rate)
+        spec.request_bodies()  # a body file that cannot be read is refused now, not in a worker
+        self._running: RunningProbe | None = (
+            LocalRun(spec, settings, explicit_target=explicit_target) if self.workers == 1 else None
+        )
+        self._stop_reason: str | None = None
         self._started = False
 
     async def __call__(self) -> ProbeResult:
@@ -175,16 +196,31 @@ class PreparedProbe:
         if self._started:
             raise RuntimeError("a prepared probe runs once; prepare another for the next run")
         self._started = True
+        if self._running is not None:
+            return await self._running.result()
         await check_resolved_addresses(self.spec, self.settings, explicit_target=self.explicit_target)
-        return await self._run.run()
+        pool = WorkerPool(self.workers)
+        try:
+            await pool.start()
+            running = pool.launch(self.spec, self.settings, explicit_target=self.explicit_target)
+            self._running = running
+            if self._stop_reason is not None:
+                running.stop(self._stop_reason)
+            return await running.result()
+        finally:
+            await pool.aclose()
 
     def stop(self, reason: str = INTERRUPTED) -> None:
         """End the run early; in-flight requests settle and the result covers what was sent."""
-        self._run.stop(reason)
+        self._stop_reason = self._stop_reason or reason
+        if self._running is not None:
+            self._running.stop(reason)
 
     def live(self) -> LiveStats:
         """A snapshot for the progress view; resets the recent-latency window it reads."""
-        return self._run.live()
+        if self._running is None:  # the workers are starting
+            return LiveStats(0.0, self.spec.duration_s, 0, 0, 0, 0.0, None, 0)
+        return self._running.live()
 
 
 def prepare_probe(

@@ -31,6 +31,7 @@ from diagnoser.probe.grpc_schema import GrpcSchema, channel_credentials, channel
 from diagnoser.probe.grpc_target import GrpcTarget
 from diagnoser.probe.http1_connection import RequestTimings
 from diagnoser.probe.open_loop import ProbeRun, ProbeTransport
+from diagnoser.probe.parts import RunPart
 from diagnoser.probe.result import Percentiles, ProbeResult, ResponseExample
 from diagnoser.probe.spec import effective_caps
 from diagnoser.probe.validate import check_message
@@ -182,6 +183,11 @@ class GrpcProbeRun(ProbeRun):
         # A unary answer arrives whole: there is no download phase to show.
         result.phases_ms.body = Percentiles()
         return result
+
+    def part(self, cpu_s: float = 0.0) -> RunPart:
+        part = super().part(cpu_s)
+        part.histograms["body"] = ""  # as in _result: no download phase, whatever the recorder saw
+        return part
 
     def _judge(self, answer: GrpcAnswer) -> tuple[str | None, str | None, str | None, str | None]:
         """``(status, failure, body as JSON, error)`` of one answer."""

@@ -245,6 +245,8 @@ class Http1Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        if len(name) not in _INTERESTING_LENGTHS:
+            return  # most headers (Date, Server, Connection...): no lower-casing per request
         lower = name.lower()
         if lower == b"content-length":
             self._content_length = int(value) if value.strip().isdigit() else None
@@ -280,6 +282,10 @@ class Http1Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._waiter is not None and self._headers_done:
             self._finish()
+
+
+#: Lengths of the header names the parser looks at: content-type, content-length, transfer-encoding.
+_INTERESTING_LENGTHS = frozenset({12, 14, 17})
 
 
 class _UnsolicitedAnswer(Exception):

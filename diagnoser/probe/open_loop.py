@@ -1,13 +1,11 @@
 """The open-loop sender: each request leaves at its intended time, whatever earlier ones do.
 
-One scheduler coroutine walks the schedule's intended send times, waits for each with a precise
-timer (:mod:`diagnoser.probe.timer`) and starts the request as its own task; it never waits for a
-response. Requests go through httpx's transport API (``httpx.Request`` in, ``httpx.Response``
-out) over the probe's own HTTP/1.1 transport (:mod:`diagnoser.probe.http1`), which also times
-each request's phases; its keep-alive pool is sized from Little's law so that no request has to
-wait for a connection, and a request that does is counted as a pool wait. The full
-``httpx.AsyncClient`` layer (auth, redirects, cookies) is skipped on purpose: a probe wants none
-of it and it costs more CPU than the request itself.
+One scheduler walks the schedule's intended send times, waits for each with a precise timer
+(:mod:`diagnoser.probe.timer`) and starts the request; it never waits for a response. Requests go
+over the probe's own HTTP/1.1 transport (:mod:`diagnoser.probe.http1`, through the boundary of
+:mod:`diagnoser.probe.transport`), which times each request's phases; its keep-alive pool is sized
+from Little's law so that no request waits for a connection (one that does is a pool wait). The
+``httpx.AsyncClient`` layer (auth, redirects, cookies) is skipped: a probe wants none of it.
 
 Per request the probe records, in microseconds: latency from the intended send time (no
 coordinated omission), service time from the actual send, schedule lag (actual minus intended),
@@ -16,10 +14,7 @@ pauses) and the garbage collector pauses for the run (see :meth:`ProbeRun.run`).
 ever; each request has a timeout; the run aborts when the error ratio over a sliding window
 passes the threshold.
 
-Usage::
-
-    run = ProbeRun(spec, settings)
-    result = await run.run()        # run.stop() from elsewhere ends it early with a partial result
+Usage: ``result = await ProbeRun(spec, settings).run()``; ``stop()`` ends it early (partial result).
 """
 
 from __future__ import annotations
@@ -28,10 +23,10 @@ import asyncio
 import contextlib
 import functools
 import gc
+import itertools
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +34,8 @@ import httpx
 
 from diagnoser.config import ProbeSettings
 from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
+from diagnoser.probe.live import LiveStats
+from diagnoser.probe.parts import RunPart, part_of
 from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
@@ -56,29 +53,13 @@ SCHEDULE_LAG_LIMIT_MS = 2.0
 #: Fewest finished requests in the window before the abort ratio is trusted (fewer at low rates).
 ABORT_MIN_REQUESTS = 10
 _TICK_S = 0.1
-#: With the automatic collector paused, collect the young generations once this many tracked
-#: objects have accumulated (cyclic garbage from failures, or growth): a few ms, rarely.
+#: With the collector paused, collect the young generations past this many tracked objects.
 _GC_BUDGET_OBJECTS = 100_000
 
 
-@dataclass
-class LiveStats:
-    """What the live progress view shows; read it with :meth:`ProbeRun.live`."""
-
-    elapsed_s: float
-    planned_s: float
-    sent: int
-    finished: int
-    failures: int
-    achieved_rate: float
-    recent_p99_ms: float | None
-    in_flight: int
-
-
 class ProbeRun:
-    """One run of one probe. Create it, then ``await run()``; ``stop()`` ends it early.
-
-    A ``grpc://`` spec makes a :class:`~diagnoser.probe.grpc_run.GrpcProbeRun` (see ``__new__``)."""
+    """One run of one probe: ``await run()``; ``stop()`` ends it early. A ``grpc://`` spec makes a
+    :class:`~diagnoser.probe.grpc_run.GrpcProbeRun` (see ``__new__``)."""
 
     def __new__(cls, spec: ProbeSpec, *args: Any, **kwargs: Any) -> ProbeRun:
         # Every caller (a command, a capacity step, a worker) gets the right run for its spec.
@@ -97,18 +78,24 @@ class ProbeRun:
         pause_gc: bool = True,
         base_dir: Path | None = None,
         explicit_target: bool | None = None,
+        share: tuple[int, int] = (0, 1),
+        start_at: float | None = None,
     ) -> None:
         """``explicit_target`` (a typed URL or a probe file) turns on the resolved-address rule
         at every connection (:func:`~diagnoser.probe.spec.address_refusal`); ``None`` leaves
-        it to the caller."""
+        it to the caller. ``share`` ``(i, n)``: send every n-th request from the i-th (a worker's
+        share); ``start_at``: the schedule's ``time.monotonic()`` start (workers share one)."""
         self.spec = spec
         self.settings = settings
         self._explicit_target = explicit_target
+        self.share = share
+        self._start_at = start_at
+        own_rate = spec.peak_rate / share[1]
         self.timeout_s = _first(spec.timeout_s, settings.request_timeout_s)
         self.abort_ratio = _first(spec.abort_error_ratio, settings.abort_error_ratio)
         self.abort_window_s = _first(spec.abort_window_s, settings.abort_window_s)
         # Little's law: enough connections for the peak rate even if every request ran to its timeout.
-        needed = math.ceil(spec.peak_rate * self.timeout_s)
+        needed = math.ceil(own_rate * self.timeout_s)
         cap = effective_caps(settings)[3]
         self.pool_size = min(cap, spec.max_connections or max(16, needed))
         self.recorder = ProbeRecorder()
@@ -129,7 +116,7 @@ class ProbeRun:
         self._end: float | None = None
         # Finished and failed counts per tick, for the sliding abort window.
         slots = max(1, math.ceil(self.abort_window_s / _TICK_S))
-        expected_in_window = spec.peak_rate * self.abort_window_s
+        expected_in_window = own_rate * self.abort_window_s
         self._abort_min = max(3, min(ABORT_MIN_REQUESTS, math.ceil(expected_in_window / 2)))
         self._window_done = [0] * slots
         self._window_bad = [0] * slots
@@ -148,6 +135,10 @@ class ProbeRun:
         self._stop.set()
         if self._timer is not None:
             self._timer.interrupt()
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._abort_reason
 
     def live(self) -> LiveStats:
         """A snapshot for the progress view; resets the recent-latency window it reads."""
@@ -179,6 +170,11 @@ class ProbeRun:
         return transport
 
     async def run(self) -> ProbeResult:
+        await self.send()
+        return self._result()
+
+    async def send(self) -> None:
+        """The run without its result (a worker sends its :meth:`part` instead)."""
         transport = await self._open_transport()
         self._transport = transport
         requests = [self._build_request(body) for body in self._bodies]
@@ -197,7 +193,7 @@ class ProbeRun:
                 gc.freeze()
                 gc.disable()
                 paused_gc = True
-            self._start = time.monotonic() + 0.02
+            self._start = self._start_at if self._start_at is not None else time.monotonic() + 0.02
             watchdog = asyncio.get_running_loop().create_task(self._watch())
             await self._send_all(requests, timer)
             self._end = time.monotonic()
@@ -215,7 +211,6 @@ class ProbeRun:
             if paused_gc:
                 gc.unfreeze()
                 gc.enable()
-        return self._result()
 
     def _build_request(self, body: bytes | None) -> Any:
         headers = {"User-Agent": USER_AGENT, **self.spec.headers}
@@ -233,9 +228,10 @@ class ProbeRun:
         count = len(requests)
         stop = self._stop
         dispatch = self._dispatch
-        offsets = iter(
-            arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, random.Random(spec.seed))
-        )
+        offsets = arrival_offsets(spec.schedule.segments(), spec.schedule.arrivals, random.Random(spec.seed))
+        first, every = self.share
+        if every > 1:  # each worker keeps its own requests of the one schedule (Poisson too)
+            offsets = itertools.islice(offsets, first, None, every)
         sent_all: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         index = 0
         intended = start + next(offsets, math.inf)
@@ -423,12 +419,19 @@ class ProbeRun:
         if failure in _OVERLOAD_FAILURES:
             self._window_bad[slot] += 1
 
+    def part(self, cpu_s: float = 0.0) -> RunPart:
+        """This run as one worker's share of a larger one (see :mod:`diagnoser.probe.parts`)."""
+        elapsed, early = max(0.0, (self._end or time.monotonic()) - self._start), self._stopped_early
+        reason = self._abort_reason if early else None
+        return part_of(self.recorder, index=self.share[0], elapsed_s=elapsed, aborted=early,
+                       abort_reason=reason, cpu_s=cpu_s)  # fmt: skip
+
     def _result(self) -> ProbeResult:
         end = self._end or time.monotonic()
         elapsed = max(0.0, end - self._start)
         return self.recorder.build(
             target=self.spec.target,
-            requested_rate=_mean_rate(self.spec),
+            requested_rate=self.spec.mean_rate,
             elapsed_s=elapsed,
             aborted=self._stopped_early,
             abort_reason=self._abort_reason if self._stopped_early else None,
@@ -445,6 +448,3 @@ def _first(value: float | None, default: float) -> float:
     return value if value is not None else default
 
 
-def _mean_rate(spec: ProbeSpec) -> float:
-    segments = spec.schedule.segments()
-    return sum(s.expected_requests for s in segments) / sum(s.duration_s for s in segments)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from hdrh.histogram import HdrHistogram
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,21 +25,26 @@ from diagnoser.redact import redact_url
 
 __all__ = [
     "HISTOGRAM_MAX_US",
+    "SERIES",
     "Failures",
     "Percentiles",
     "PhaseShares",
     "ProbeRecorder",
     "ProbeResult",
     "ResponseExample",
+    "RunCounts",
+    "TailSums",
+    "assemble_result",
     "merge_histograms",
     "new_histogram",
     "percentiles_of",
+    "shares_from",
 ]
 
 HISTOGRAM_MAX_US = 60_000_000
 _PHASES = ("connect", "tls", "ttfb", "body")
 #: What the recorder keeps per request; ``schedule_lag`` and the phases are PhaseShares' names.
-_SERIES = ("latency", "service", "schedule_lag", *_PHASES)
+SERIES = ("latency", "service", "schedule_lag", *_PHASES)
 
 
 def new_histogram() -> HdrHistogram:
@@ -191,10 +196,6 @@ def merge_histograms(encoded: Iterable[str]) -> HdrHistogram:
 _NONE = math.nan
 
 
-def _as_text(item: tuple[int | str, int]) -> str:
-    return str(item[0])
-
-
 class ProbeRecorder:
     """Accumulates one run's measurements.
 
@@ -221,7 +222,7 @@ class ProbeRecorder:
         self.connections_opened = 0
         self.pool_waits = 0
         #: Per finished request, in milliseconds.
-        self.values: dict[str, array[float]] = {name: array("f") for name in _SERIES}
+        self.values: dict[str, array[float]] = {name: array("f") for name in SERIES}
         self._recent_from = 0
 
     def record(
@@ -287,24 +288,29 @@ class ProbeRecorder:
     def wants_example(self, kind: str) -> bool:
         return self._examples_per_kind.get(kind, 0) < self.MAX_EXAMPLES_PER_KIND
 
-    def tail_shares(self, p99_ms: float | None) -> PhaseShares:
-        """Average split of latency among requests at or above the p99."""
+    def tail_sums(self, p99_ms: float | None) -> TailSums:
+        """The sums behind :meth:`tail_shares`: latency and each share's series over the requests at
+        or above ``p99_ms``. Sums add up across workers, so shares merge exactly."""
         if p99_ms is None:
-            return PhaseShares()
+            return TailSums()
         values = self.values
         latency = values["latency"]
         # The histogram's p99 is rounded to its bucket; compare with a hair of slack.
         cut = p99_ms * 0.999
         rows = [i for i, value in enumerate(latency) if value >= cut]
-        total = sum(latency[i] for i in rows)
-        if not rows or total <= 0:
-            return PhaseShares()
+        sums = {
+            name: sum(values[name][i] for i in rows if values[name][i] == values[name][i])
+            for name in PhaseShares.model_fields
+        }
+        return TailSums(rows=len(rows), total=sum(latency[i] for i in rows), sums=sums)
 
-        def share(name: str) -> float:
-            series = values[name]
-            return round(min(1.0, sum(series[i] for i in rows if series[i] == series[i]) / total), 4)
+    def tail_shares(self, p99_ms: float | None) -> PhaseShares:
+        """Average split of latency among requests at or above the p99."""
+        return shares_from([self.tail_sums(p99_ms)])
 
-        return PhaseShares(**{name: share(name) for name in PhaseShares.model_fields})
+    def histograms(self) -> dict[str, HdrHistogram]:
+        """Every series' HdrHistogram (microseconds), by name."""
+        return {name: self.histogram(name) for name in SERIES}
 
     def build(
         self,
@@ -316,47 +322,126 @@ class ProbeRecorder:
         abort_reason: str | None,
         lag_limit_ms: float,
     ) -> ProbeResult:
-        latency_histogram = self.histogram("latency")
-        latency = percentiles_of(latency_histogram)
-        lag = percentiles_of(self.histogram("schedule_lag"))
-        warnings: list[str] = []
-        bottleneck: str | None = None
-        if self.pool_waits:
-            bottleneck = "connection_pool"
-            warnings.append(
-                f"{self.pool_waits} requests waited for a free connection: the pool limited the load; "
-                "raise max_connections (the latencies include that wait)"
-            )
-        # A handful of samples makes p99 the single worst one: judge only runs of some size.
-        if lag.p99 is not None and lag.p99 > lag_limit_ms and lag.count >= 100:
-            bottleneck = "scheduler"
-            warnings.append(
-                f"schedule lag p99 {lag.p99:.2f} ms exceeds {lag_limit_ms:g} ms: the probe could not keep "
-                "its schedule (its CPU was busy); lower the rate or run it on a less busy machine"
-            )
-        achieved = self.sent / elapsed_s if elapsed_s > 0 else 0.0
-        return ProbeResult(
-            target=redact_url(target),  # the report may be posted to Slack: no credentials
-            requested_rate=round(requested_rate, 3),
-            achieved_rate=round(achieved, 3),
-            duration_s=round(elapsed_s, 3),
-            sent=self.sent,
-            completed=self.completed,
+        return assemble_result(
+            RunCounts.of(self),
+            self.histograms(),
+            self.tail_shares,
+            target=target,
+            requested_rate=requested_rate,
+            elapsed_s=elapsed_s,
             aborted=aborted,
             abort_reason=abort_reason,
-            latency_ms=latency,
-            service_time_ms=percentiles_of(self.histogram("service")),
-            schedule_lag_ms=lag,
-            phases_ms=Phases(**{name: percentiles_of(self.histogram(name)) for name in _PHASES}),
-            # Three-digit HTTP codes sort as text as they do as numbers.
-            status_counts={str(k): v for k, v in sorted(self.status_counts.items(), key=_as_text)},
-            failures=Failures(**self.failures),
-            examples=list(self.examples),
-            histogram=latency_histogram.encode().decode() if latency.count else "",
-            finished=self.finished,
-            connections_opened=self.connections_opened,
-            pool_waits=self.pool_waits,
-            phase_share_p99=self.tail_shares(latency.p99),
-            bottleneck=bottleneck,
-            warnings=warnings,
+            lag_limit_ms=lag_limit_ms,
         )
+
+
+class TailSums(BaseModel):
+    """Sums over the requests at or above a latency cut (milliseconds), to merge tail shares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = 0
+    total: float = 0.0
+    sums: dict[str, float] = Field(default_factory=dict)
+
+
+def shares_from(parts: Iterable[TailSums]) -> PhaseShares:
+    """Tail shares of one run from the sums of its parts (one part for a single process)."""
+    parts = list(parts)
+    total = sum(p.total for p in parts)
+    if not sum(p.rows for p in parts) or total <= 0:
+        return PhaseShares()
+    return PhaseShares(
+        **{
+            name: round(min(1.0, sum(p.sums.get(name, 0.0) for p in parts) / total), 4)
+            for name in PhaseShares.model_fields
+        }
+    )
+
+
+class RunCounts(BaseModel):
+    """The counters of a run (or of one worker's share of it): they add up across workers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sent: int = 0
+    completed: int = 0
+    finished: int = 0
+    connections_opened: int = 0
+    pool_waits: int = 0
+    #: By status as text (an HTTP code, or another transport's status name), as in the report.
+    status_counts: dict[str, int] = Field(default_factory=dict)
+    failures: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
+    examples: list[ResponseExample] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, recorder: ProbeRecorder) -> RunCounts:
+        return cls(
+            sent=recorder.sent,
+            completed=recorder.completed,
+            finished=recorder.finished,
+            connections_opened=recorder.connections_opened,
+            pool_waits=recorder.pool_waits,
+            status_counts={str(k): v for k, v in recorder.status_counts.items()},
+            failures=dict(recorder.failures),
+            examples=list(recorder.examples),
+        )
+
+
+def assemble_result(
+    counts: RunCounts,
+    histograms: dict[str, HdrHistogram],
+    tail_shares: Callable[[float | None], PhaseShares],
+    *,
+    target: str,
+    requested_rate: float,
+    elapsed_s: float,
+    aborted: bool,
+    abort_reason: str | None,
+    lag_limit_ms: float,
+) -> ProbeResult:
+    """The :class:`ProbeResult` of a run from its counters and histograms (one process or merged)."""
+    latency_histogram = histograms["latency"]
+    latency = percentiles_of(latency_histogram)
+    lag = percentiles_of(histograms["schedule_lag"])
+    warnings: list[str] = []
+    bottleneck: str | None = None
+    if counts.pool_waits:
+        bottleneck = "connection_pool"
+        warnings.append(
+            f"{counts.pool_waits} requests waited for a free connection: the pool limited the load; "
+            "raise max_connections (the latencies include that wait)"
+        )
+    # A handful of samples makes p99 the single worst one: judge only runs of some size.
+    if lag.p99 is not None and lag.p99 > lag_limit_ms and lag.count >= 100:
+        bottleneck = "scheduler"
+        warnings.append(
+            f"schedule lag p99 {lag.p99:.2f} ms exceeds {lag_limit_ms:g} ms: the probe could not keep "
+            "its schedule (its CPU was busy); lower the rate or run it on a less busy machine"
+        )
+    achieved = counts.sent / elapsed_s if elapsed_s > 0 else 0.0
+    return ProbeResult(
+        target=redact_url(target),  # the report may be posted to Slack: no credentials
+        requested_rate=round(requested_rate, 3),
+        achieved_rate=round(achieved, 3),
+        duration_s=round(elapsed_s, 3),
+        sent=counts.sent,
+        completed=counts.completed,
+        aborted=aborted,
+        abort_reason=abort_reason,
+        latency_ms=latency,
+        service_time_ms=percentiles_of(histograms["service"]),
+        schedule_lag_ms=lag,
+        phases_ms=Phases(**{name: percentiles_of(histograms[name]) for name in _PHASES}),
+        # Three-digit HTTP codes sort as text as they do as numbers.
+        status_counts=dict(sorted(counts.status_counts.items())),
+        failures=Failures(**counts.failures),
+        examples=list(counts.examples),
+        histogram=latency_histogram.encode().decode() if latency.count else "",
+        finished=counts.finished,
+        connections_opened=counts.connections_opened,
+        pool_waits=counts.pool_waits,
+        phase_share_p99=tail_shares(latency.p99),
+        bottleneck=bottleneck,
+        warnings=warnings,
+    )

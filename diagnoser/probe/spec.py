@@ -33,12 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from diagnoser.config import (
     PROBE_MAX_CONNECTIONS_CEILING,
-    PROBE_MAX_DURATION_CEILING_S,
-    PROBE_MAX_RATE_CEILING,
     PROBE_REQUEST_TIMEOUT_CEILING_S,
     ProbeSettings,
 )
 from diagnoser.errors import ConfigError, ProbeSafetyError
+from diagnoser.probe.caps import LoadCaps, effective_caps, probe_caps
 from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, grpc_options_for, grpc_paths_beside
 
 __all__ = [
@@ -226,6 +225,10 @@ class ProbeSpec(_Strict):
     def duration_s(self) -> float:
         return sum(s.duration_s for s in self.schedule.segments())
 
+    @property
+    def mean_rate(self) -> float:
+        return sum(s.expected_requests for s in self.schedule.segments()) / self.duration_s
+
     def request_bodies(self, base_dir: Path | None = None) -> list[bytes | None]:
         """The bodies to rotate through (``[None]`` when the request has no body)."""
         if self.bodies is not None:
@@ -305,38 +308,28 @@ def host_allowed(host: str, allowed: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(host, pattern.lower()) for pattern in allowed)
 
 
-def effective_caps(settings: ProbeSettings) -> tuple[float, float, float, int]:
-    """``(rate, duration_s, timeout_s, connections)`` caps: the config's, never above the ceilings.
-
-    The config is validated against the ceilings already; this holds even for settings built
-    without validation.
-    """
-    return (
-        min(settings.max_rate, PROBE_MAX_RATE_CEILING),
-        min(settings.max_duration_s, PROBE_MAX_DURATION_CEILING_S),
-        min(settings.request_timeout_s, PROBE_REQUEST_TIMEOUT_CEILING_S),
-        min(settings.max_connections, PROBE_MAX_CONNECTIONS_CEILING),
-    )
-
-
-def enforce_safety(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> None:
+def enforce_safety(
+    spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool, caps: LoadCaps | None = None
+) -> None:
     """Refuse (``ProbeSafetyError``) a spec over the caps, or a file's host outside the allowlist.
 
     ``explicit_target`` is true for a URL the user typed on the command line: that is their
     explicit intent and needs no allowlist entry. The caps apply to everyone; only the config
-    (``probe.max_rate``, ``probe.max_duration_s``) raises them.
+    (``probe.max_rate``, ``probe.max_duration_s``) raises them. ``caps`` replaces the probe's rate
+    and duration caps with a load test's (:func:`~diagnoser.probe.caps.capacity_caps`).
     """
     problems: list[str] = []
-    max_rate, max_duration, max_timeout, max_connections = effective_caps(settings)
-    if spec.peak_rate > max_rate:
+    _, _, max_timeout, max_connections = effective_caps(settings)
+    load = caps if caps is not None else probe_caps(settings)
+    if spec.peak_rate > load.max_rate:
         problems.append(
-            f"rate {spec.peak_rate:g} req/s exceeds the cap of {max_rate:g} req/s "
-            f"(probe.max_rate, at most {PROBE_MAX_RATE_CEILING:g})"
+            f"rate {spec.peak_rate:g} req/s exceeds the cap of {load.max_rate:g} req/s "
+            f"({load.rate_setting}, at most {load.rate_ceiling:g})"
         )
-    if spec.duration_s > max_duration:
+    if spec.duration_s > load.max_duration_s:
         problems.append(
-            f"duration {spec.duration_s:g} s exceeds the cap of {max_duration:g} s "
-            f"(probe.max_duration_s, at most {PROBE_MAX_DURATION_CEILING_S:g})"
+            f"duration {spec.duration_s:g} s exceeds the cap of {load.max_duration_s:g} s "
+            f"({load.duration_setting}, at most {load.duration_ceiling:g})"
         )
     timeout = spec.timeout_s if spec.timeout_s is not None else max_timeout
     if timeout > max_timeout and not math.isclose(timeout, max_timeout):

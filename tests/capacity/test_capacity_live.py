@@ -135,7 +135,7 @@ def _config(tmp_path: Path, text: str) -> str:
 
 
 def test_healthy_up_to_the_cap_reports_max_rate_and_no_step_above_it(healthy_bed: FeatureTestBed, tmp_path: Path) -> None:
-    config = _config(tmp_path, "probe:\n  max_rate: 120\n")
+    config = _config(tmp_path, "capacity:\n  max_rate: 120\n")
     result = run_cli("capacity", healthy_bed.url, "--slo-p99-ms", str(EASY_SLO_MS), "--step-s", "6",
                      "--start-rate", "30", "--config", config, "--format", "json", timeout=120)  # fmt: skip
     assert result.code == 0, result.stderr
@@ -151,12 +151,12 @@ def test_healthy_up_to_the_cap_reports_max_rate_and_no_step_above_it(healthy_bed
     assert any("at least that" in note for note in report["notes"])
 
 
-def test_a_max_rate_above_the_probe_cap_is_refused_before_any_load(tmp_path: Path) -> None:
-    config = _config(tmp_path, "probe:\n  max_rate: 100\n")
+def test_a_max_rate_above_the_capacity_cap_is_refused_before_any_load(tmp_path: Path) -> None:
+    config = _config(tmp_path, "capacity:\n  max_rate: 100\n")
     for flags in (("--max-rate", "150"), ("--steps", "50,150")):
         result = run_cli("capacity", "http://127.0.0.1:9/x", "--slo-p99-ms", "50", "--config", config, *flags)
         assert result.code == 2
-        assert "above the probe cap of 100 req/s" in result.stderr
+        assert "above capacity.max_rate of 100 req/s" in result.stderr
 
 
 def test_expect_rps_gates_the_exit_code(healthy_bed: FeatureTestBed) -> None:

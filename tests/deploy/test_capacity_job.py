@@ -1,0 +1,110 @@
+"""``diagnose capacity --on-cluster N``: the worker Job renders, validates, and drives real workers.
+
+What runs here: the objects are rendered by the CLI and validated against the Kubernetes
+schemas of two versions (kubernetes-validate, offline), and the rendered pod's own command line
+and the rendered Secret's token start local ``diagnose worker`` processes that go through the
+barrier and send the steps, merged by the coordinator, through the real CLI. What does not run
+here: a Kubernetes API server creating the Job and scheduling its pods (none installable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diagnoser.capacity.cluster import ClusterPlan, coordinator_role, render_worker_job
+from tests.deploy.rendering import KUBERNETES_VERSIONS, one, validation_problems
+from tests.probe.conftest import DelayServer
+from tests.probe.conftest import delay_server as delay_server  # the fixture, shared
+
+PLAN = ClusterPlan(workers=4, advertise="10.0.0.5:7070", token="t0ken")
+
+
+def test_the_worker_job_and_the_coordinator_role_validate_on_two_versions() -> None:
+    objects = [*render_worker_job(PLAN), coordinator_role("diagnoser")]
+    assert validation_problems(objects, KUBERNETES_VERSIONS) == []
+
+
+def test_the_job_is_indexed_started_together_and_least_privileged() -> None:
+    job = one(render_worker_job(PLAN), "Job")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 4
+    assert spec["backoffLimit"] == 0  # a dead worker fails its step; it is not replaced mid-run
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["args"] == ["worker", "--coordinator=10.0.0.5:7070"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"] == "1"
+    role = coordinator_role("diagnoser")
+    verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+    assert verbs <= {"create", "get", "delete"}  # no list/watch/update of anything else
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_for(path: Path, process: subprocess.Popen[str], seconds: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.exists() and path.stat().st_size:
+            return [d for d in yaml.safe_load_all(path.read_text()) if d]
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"no manifest written: {process.communicate()[1]}")
+
+
+def test_the_rendered_job_drives_local_workers_through_the_real_cli(
+    delay_server: DelayServer, tmp_path: Path
+) -> None:
+    port = _free_port()
+    manifest = tmp_path / "job.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "diagnoser", "capacity", delay_server.url + "/delay?ms=1", "--slo-p99-ms", "5000",
+         "--on-cluster", "2", "--listen", f"127.0.0.1:{port}", "--advertise", f"127.0.0.1:{port}",
+         "--render-job", str(manifest), "--steps", "100,200", "--step-s", "1", "--warmup-s", "0",
+         "--pause-s", "0.2", "--format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    objects = _wait_for(manifest, coordinator, 30)
+    token = one(objects, "Secret")["stringData"]["token"]
+    (container,) = one(objects, "Job")["spec"]["template"]["spec"]["containers"]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "diagnoser", *container["args"]],
+            env={**env, "DIAGNOSER_WORKER_TOKEN": token, "JOB_COMPLETION_INDEX": str(index)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    out, err = coordinator.communicate(timeout=90)
+    codes = [w.wait(timeout=30) for w in workers]
+    assert coordinator.returncode == 0, err
+    assert codes == [0, 0]
+    report = json.loads(out)
+    assert [s["rate"] for s in report["steps"]] == [100, 200]
+    # Every request of each step was sent (between the two pods) and answered; the SLO is loose
+    # so that a busy host cannot fail a step (what is tested is the protocol, not a latency).
+    assert [s["sent"] for s in report["steps"]] == [100, 200]
+    assert all(s["held"] and s["failures"] == 0 for s in report["steps"])
