@@ -19,11 +19,15 @@ from diagnoser.testing.rules import backfill_text, parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: A test that drives sustained load or a live test bed, whose verdict depends on having CPU to
-#: itself (a knee, a detection time, a rate held). ``make test`` runs the suite in parallel
-#: (pytest-xdist, ``--dist loadgroup``): every test so marked runs on one worker, one after the
-#: other, so two of them never compete for this machine's cores; the rest share the other workers.
+#: A test that drives sustained load, whose verdict depends on having CPU to itself (a knee, a
+#: rate held, a percentile). ``make test`` runs the suite in parallel (pytest-xdist, ``--dist
+#: loadgroup``): every test so marked runs on one worker, one after the other, so two of them
+#: never compete for this machine's cores; the rest share the other workers.
 load_heavy = pytest.mark.xdist_group("load")
+#: A test on a live bed (services, exporters, a daemon, scrapes every few seconds) whose verdict
+#: is a detection: these run one after the other on their own worker too, beside at most one
+#: load-heavy test, so the two longest chains of the suite are not one.
+live_bed = pytest.mark.xdist_group("live")
 #: How far ahead of unrelated work a load-heavy test's processes run (a nice value, inherited by
 #: the servers, services and CLIs it starts).
 LOAD_HEAVY_PRIORITY = 10
@@ -39,7 +43,8 @@ def _load_heavy_ahead_of_other_work(request: pytest.FixtureRequest) -> Iterator[
     it, the priority stays as it is. Module-wide, so the module's own fixtures (a test bed, a
     capacity run shared by its tests) start with it too.
     """
-    if load_heavy.mark not in request.node.iter_markers("xdist_group"):
+    groups = list(request.node.iter_markers("xdist_group"))
+    if load_heavy.mark not in groups and live_bed.mark not in groups:
         yield
         return
     before = os.getpriority(os.PRIO_PROCESS, 0)

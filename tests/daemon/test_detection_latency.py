@@ -31,11 +31,11 @@ import pytest
 
 from diagnoser.testing.processes import free_port
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import load_heavy
+from tests.conftest import live_bed
 from tests.fixtures.pool_services.launch import clients, pool_service
 from tests.fixtures.slack_server import SlackFixtureServer
 
-pytestmark = [pytest.mark.integration, load_heavy]
+pytestmark = [pytest.mark.integration, live_bed]
 
 INTERVAL_S = 2.0
 CONFIRM_S = 10.0

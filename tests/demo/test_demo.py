@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, load_heavy
+from tests.conftest import REPO, live_bed
 
-pytestmark = [pytest.mark.integration, load_heavy]
+pytestmark = [pytest.mark.integration, live_bed]
 
 PR_SET_CHILD_SUBREAPER = 36
 

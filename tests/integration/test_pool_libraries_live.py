@@ -18,10 +18,10 @@ import pytest
 
 from diagnoser.testing.processes import local_redis
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import load_heavy, run_cli
+from tests.conftest import live_bed, run_cli
 from tests.fixtures.pool_services.launch import clients, pool_service
 
-pytestmark = [pytest.mark.integration, load_heavy]
+pytestmark = [pytest.mark.integration, live_bed]
 
 
 

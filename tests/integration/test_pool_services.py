@@ -18,10 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from diagnoser.testing.processes import local_redis
-from tests.conftest import load_heavy
+from tests.conftest import live_bed
 from tests.fixtures.pool_services.launch import pool_service
 
-pytestmark = [pytest.mark.integration, load_heavy]
+pytestmark = [pytest.mark.integration, live_bed]
 
 HOLD_S = 1.5
 

@@ -19,11 +19,11 @@ import pytest
 
 from diagnoser.testing.processes import free_port, local_redis, running, wait_port
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import load_heavy, run_cli
+from tests.conftest import live_bed, run_cli
 
 MAXCLIENTS = 12
 
-pytestmark = [pytest.mark.integration, load_heavy]
+pytestmark = [pytest.mark.integration, live_bed]
 
 
 

@@ -72,10 +72,15 @@ def test_catalogued_and_inferred_signals_are_listed_per_service(prometheus_url: 
 
 
 def test_what_looks_like_a_signal_but_is_not_recognised_says_why(prometheus_url: str) -> None:
-    missed = {row["metric"]: row for row in _services(prometheus_url)["features"]["unrecognised"]}
-    # redis-py's client operation histogram: no dependency signal in the shipped catalogue.
-    assert missed["db_client_operation_duration_seconds"]["looks_like"] == "client duration"
-    assert "dependency.duration" in missed["db_client_operation_duration_seconds"]["reason"]
+    services = _services(prometheus_url)
+    missed = {row["metric"]: row for row in services["haproxy"]["unrecognised"]}
+    # HAProxy exports its process' descriptor limit without a gauge of descriptors in use.
+    assert missed["haproxy_process_max_fds"]["looks_like"] == "limit"
+    assert "no gauge" in missed["haproxy_process_max_fds"]["reason"]
+    # redis-py's client operation histogram is catalogued: a dependency, not a lookalike.
+    features = {row["signal"]: row for row in services["features"]["signals"]}
+    assert features["dependency.duration"]["convention"] == "otel-db-client"
+    assert services["features"]["unrecognised"] == []
 
 
 def test_the_table_names_each_service(prometheus_url: str) -> None:
@@ -83,7 +88,7 @@ def test_the_table_names_each_service(prometheus_url: str) -> None:
     assert result.code == 0, result.stderr
     for service in TARGETS.values():
         assert f"\n{service}\n" in result.stdout
-    assert "not recognised: db_client_operation_duration_seconds" in result.stdout
+    assert "not recognised: haproxy_process_max_fds" in result.stdout
 
 
 def test_without_a_prometheus_it_is_a_usage_error() -> None:

@@ -34,7 +34,9 @@ def test_rule_has_runbook_with_every_section(rule_id: str) -> None:
 def test_rule_cause_is_in_the_vocabulary(rule_id: str) -> None:
     rule = RULES.rules[rule_id]
     assert rule.cause in (SYMPTOMS if rule.kind == "symptom" else CAUSES)
-    assert set(rule.explains) <= SYMPTOMS
+    # What a cause explains: symptoms, or a cause downstream of it (a pool and the 503s it causes).
+    assert set(rule.explains) <= SYMPTOMS | CAUSES
+    assert rule.cause not in rule.explains
 
 
 @pytest.mark.parametrize("rule_id", sorted(RULES.rules))

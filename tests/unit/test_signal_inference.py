@@ -1,8 +1,8 @@
 """Recognition by shape: families no convention claims, read from names, labels and metadata.
 
 Table-driven over the shapes real exporters have (HAProxy, redis_exporter, memcached_exporter,
-client_python's process collector, Spring Boot's Micrometer HTTP histogram, OTel JS without unit
-suffixes), each as the names and label sets a Prometheus holds for it.
+client_python's process collector, Ktor's Micrometer HTTP histogram, families named without
+their unit), each as the names and label sets a Prometheus holds for it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.signals import load_catalogue
+from diagnoser.signals.catalogue import Catalogue
 from diagnoser.signals.infer import CAVEAT, Recognition, candidate_series, recognise
 from diagnoser.signals.resources import resource_query
 
@@ -130,20 +131,22 @@ def test_a_limit_whose_gauge_lacks_its_labels_is_listed_not_used() -> None:
 
 
 def test_an_uncatalogued_server_histogram_with_a_status_label_gives_http_signals() -> None:
-    # Spring Boot / Micrometer: http_server_requests_seconds{status, uri}, no metadata (backfilled).
+    # Ktor's Micrometer plugin: ktor_http_server_requests_seconds{status, route}, no metadata
+    # (backfilled); the catalogue has Spring Boot's spelling, not Ktor's.
     labels = _labels(
-        http_server_requests_seconds_count=("status", "uri", "method"),
-        http_server_requests_seconds_bucket=("status", "uri", "le"),
-        http_server_requests_seconds_sum=("status", "uri"),
+        ktor_http_server_requests_seconds_count=("status", "route", "method"),
+        ktor_http_server_requests_seconds_bucket=("status", "route", "le"),
+        ktor_http_server_requests_seconds_sum=("status", "route"),
     )
     [convention] = _recognise(labels).conventions
     assert convention.name == (
-        "inferred (histogram http_server_requests_seconds, server side, status label status, seconds from its name)"
+        "inferred (histogram ktor_http_server_requests_seconds, server side, status label status, "
+        "seconds from its name)"
     )
-    assert convention.labels == {"service": "job", "route": "uri"}
+    assert convention.labels == {"service": "job", "route": "route"}
     errors = convention.forms["http.server.errors"]
     assert (errors.metric, errors.matchers) == (
-        "http_server_requests_seconds_count",
+        "ktor_http_server_requests_seconds_count",
         (("status", "=~", "5.."),),
     )
     assert convention.forms["http.server.duration"].scale == 1.0
@@ -155,14 +158,14 @@ def test_an_uncatalogued_server_histogram_with_a_status_label_gives_http_signals
     [
         (
             {},
-            {"http_server_duration_bucket": 10000.0},
+            {"shop_http_server_duration_bucket": 10000.0},
             "milliseconds from its bucket bounds (up to 10000)",
             1e-3,
         ),
-        ({}, {"http_server_duration_bucket": 10.0}, "seconds from its bucket bounds (up to 10)", 1.0),
+        ({}, {"shop_http_server_duration_bucket": 10.0}, "seconds from its bucket bounds (up to 10)", 1.0),
         ({}, {}, "seconds assumed (no unit in metadata, name or buckets)", 1.0),
         (
-            {"http_server_duration": {"type": "histogram", "unit": "ms", "help": ""}},
+            {"shop_http_server_duration": {"type": "histogram", "unit": "ms", "help": ""}},
             {},
             "milliseconds from its metadata",
             1e-3,
@@ -173,11 +176,12 @@ def test_an_uncatalogued_server_histogram_with_a_status_label_gives_http_signals
 def test_a_duration_without_a_unit_in_its_name_says_where_its_unit_came_from(
     metadata: dict[str, dict[str, str]], bounds: dict[str, float], unit_said: str, scale: float
 ) -> None:
-    # OpenTelemetry JS's Prometheus exporter adds no unit suffix: http_server_duration in ms.
+    # A family named without its unit, as OpenTelemetry JS's exporter names them (its own
+    # spelling, http_server_duration, is catalogued): an application's own histogram.
     labels = _labels(
-        http_server_duration_count=("http_status_code",),
-        http_server_duration_bucket=("le",),
-        http_server_duration_sum=(),
+        shop_http_server_duration_count=("http_status_code",),
+        shop_http_server_duration_bucket=("le",),
+        shop_http_server_duration_sum=(),
     )
     [convention] = _recognise(labels, metadata, bounds).conventions
     assert convention.name.endswith(f"status label http_status_code, {unit_said})")
@@ -208,29 +212,34 @@ def test_metadata_types_a_family_whose_name_does_not(tmp_path: Path) -> None:
     assert convention.name.startswith("inferred (summary api_request_latency, server side, status label code")
 
 
-def test_a_client_duration_with_a_peer_label_gives_the_dependency_signal_where_defined(
-    tmp_path: Path,
-) -> None:
+def test_a_client_duration_with_a_peer_label_gives_the_dependency_signal_where_defined() -> None:
+    # An application's own client histogram with the OTel peer label (the OTel spelling itself,
+    # http_client_request_duration_seconds, is catalogued).
     labels = _labels(
-        http_client_request_duration_seconds_count=("server_address", "http_response_status_code"),
-        http_client_request_duration_seconds_bucket=("le",),
-        http_client_request_duration_seconds_sum=(),
+        shop_upstream_request_duration_seconds_count=("server_address", "http_response_status_code"),
+        shop_upstream_request_duration_seconds_bucket=("le",),
+        shop_upstream_request_duration_seconds_sum=(),
     )
-    missing = _recognise(labels)
-    assert missing.conventions == ()
-    assert missing.lookalikes[0].reason == "no dependency.duration signal in the catalogue"
-    extra = tmp_path / "dependencies.yaml"
-    extra.write_text("signals:\n  dependency.duration: {type: histogram, unit: seconds}\n")
-    [convention] = _recognise(labels, catalogue_files=(extra,)).conventions
+    catalogue = load_catalogue()
+    [convention] = recognise(set(labels), {}, labels, catalogue, None).conventions
     assert convention.labels == {"service": "job", "peer": "server_address"}
     assert set(convention.forms) == {"dependency.duration"}
+    # A catalogue without the signal (the cached shipped one is left as it is).
+    without = Catalogue(
+        signals={k: v for k, v in catalogue.signals.items() if k != "dependency.duration"},
+        conventions=[c for c in catalogue.conventions if "dependency.duration" not in c.forms],
+        resources=list(catalogue.resources),
+    )
+    missing = recognise(set(labels), {}, labels, without, None)
+    assert missing.conventions == ()
+    assert missing.lookalikes[0].reason == "no dependency.duration signal in the catalogue"
 
 
 def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None:
     names = {
-        "http_server_requests_seconds_count",
-        "http_server_requests_seconds_sum",
-        "http_server_requests_seconds_bucket",
+        "ktor_http_server_requests_seconds_count",
+        "ktor_http_server_requests_seconds_sum",
+        "ktor_http_server_requests_seconds_bucket",
         "http_server_request_duration_seconds_count",
         "http_server_request_duration_seconds_sum",
         "http_server_request_duration_seconds_bucket",
@@ -240,7 +249,7 @@ def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None
         "up",
     }
     assert candidate_series(names, {}, load_catalogue()) == [
-        "http_server_requests_seconds_count",
+        "ktor_http_server_requests_seconds_count",
         "redis_config_maxclients",
         "redis_connected_clients",
     ]
