@@ -139,6 +139,10 @@ def _is_grpc(result: ProbeResult) -> bool:
     return result.target.startswith(("grpc://", "grpcs://"))
 
 
+def _ms(value: float | None) -> str:
+    return "no latency" if value is None else f"{value:.1f} ms"
+
+
 def _detail(result: ProbeResult, params: ProbeParams) -> str:
     if _STATUS_PREFIX in params.field:
         return f"status codes: {_status_detail(result)}"
@@ -175,8 +179,8 @@ def _detail(result: ProbeResult, params: ProbeParams) -> str:
         )
     latency = result.latency_ms
     detail = (
-        f"p50 {latency.p50} ms, p99 {latency.p99} ms, max {latency.max} ms over {result.finished} requests "
-        f"at {result.achieved_rate:g} req/s; errors {result.failures.total}"
+        f"p50 {_ms(latency.p50)}, p99 {_ms(latency.p99)}, max {_ms(latency.max)} over "
+        f"{result.finished} requests at {result.achieved_rate:.1f} req/s; errors {result.failures.total}"
     )
     # A gRPC service's findings name its status codes: they say what kind of failure it was.
     return f"{detail}; status codes: {_status_detail(result)}" if _is_grpc(result) else detail

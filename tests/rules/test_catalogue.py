@@ -68,3 +68,9 @@ def test_prometheus_rule_has_firing_and_silent_scenarios(rule_id: str) -> None:
 def test_source_unavailable_has_a_runbook() -> None:
     runbook = builtin_rules_dir() / "sources" / "source-unavailable.md"
     assert runbook.exists()
+
+
+def test_probe_latency_summary_says_each_percentile_once() -> None:
+    # The summary's detail already carries the p50: "p50 228.6 ms, p50 228.607 ms" said it twice.
+    summary = RULES.rules["probe/probe-latency-slo-breach"].summary
+    assert summary.count("p50") == 0 and "{detail}" in summary
