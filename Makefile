@@ -1,6 +1,10 @@
 # The two commands: `make demo` (the main job on a fresh machine) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Bytecode is cached (__pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE set, as some CI
+# images do, every process the suite starts (the CLI, daemons, workers) would compile the whole
+# package again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test lint bench clean image
 
@@ -11,9 +15,10 @@ demo: setup
 	@$(PY) demo/run.py
 
 # In parallel: TEST_WORKERS processes (pytest-xdist); the load-heavy tests all go to one of them,
-# one at a time (tests/conftest.py, load_heavy). Most tests wait on servers, scrapes and
-# subprocesses rather than compute, so there are more workers than this machine's two cores.
-TEST_WORKERS ?= 3
+# one at a time, the live beds to another (tests/conftest.py, load_heavy and live_bed). Most tests
+# wait on servers, scrapes and subprocesses rather than compute (a worker is busy about half the
+# time it holds a test), so there are twice as many workers as this machine's two cores.
+TEST_WORKERS ?= 4
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 

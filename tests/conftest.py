@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +30,14 @@ load_heavy = pytest.mark.xdist_group("load")
 #: is a detection: these run one after the other on their own worker too, beside at most one
 #: load-heavy test, so the two longest chains of the suite are not one.
 live_bed = pytest.mark.xdist_group("live")
+
+
+def shared_bed(module: str) -> pytest.MarkDecorator:
+    """Keep a module's tests on one worker: its module-scoped bed (a backfilled Prometheus, a run of
+    every scenario) is then built once, not once on every worker that picked one of its tests."""
+    return pytest.mark.xdist_group(f"bed:{module}")
+
+
 #: How far ahead of unrelated work a load-heavy test's processes run (a nice value, inherited by
 #: the servers, services and CLIs it starts).
 LOAD_HEAVY_PRIORITY = 10
@@ -104,3 +114,37 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
         check=False,
     )
     return CliResult(completed.returncode, completed.stdout, completed.stderr)
+
+
+def run_cli_here(*args: str) -> CliResult:
+    """Run ``diagnose`` through its own Typer app in this process: the same flags, settings, engine
+    and renderers as :func:`run_cli`, without the second of interpreter start-up a process costs.
+
+    For tests of what a command reports (a diagnosis over a recorded bed, as JSON). What belongs to
+    the process (exit on a signal, the streams' and the log's shape) is tested through
+    :func:`run_cli`. The command's deadline counts from the invocation, as from a new process's
+    start; the root logger and the warnings hook, which the command configures, are put back.
+    """
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    from diagnoser.cli import app
+    from diagnoser.engine import deadline
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    loggers = [x for x in logging.root.manager.loggerDict.values() if isinstance(x, logging.Logger)]
+    levels = [(logger, logger.level) for logger in loggers]
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("DIAGNOSER_")}
+    env["COLUMNS"] = "200"
+    invoked = time.monotonic()
+    try:
+        with mock.patch.object(deadline, "process_age_s", side_effect=lambda: time.monotonic() - invoked):
+            result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    finally:
+        root.handlers[:], root.level = handlers, level
+        for logger, before in levels:
+            logger.setLevel(before)
+        logging.captureWarnings(False)
+    return CliResult(result.exit_code, result.stdout, result.stderr)

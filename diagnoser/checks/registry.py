@@ -163,6 +163,13 @@ def load_check_kinds() -> Mapping[str, CheckKind]:
     return _REGISTRY
 
 
+_loaded = False
+
+
 def check_kinds() -> Mapping[str, CheckKind]:
-    """The registry, loading the built-in kinds on first use."""
-    return load_check_kinds()
+    """The registry, loading the built-in kinds on first use (once: walking the package is not free)."""
+    global _loaded
+    if not _loaded:
+        load_check_kinds()
+        _loaded = True
+    return _REGISTRY

@@ -28,6 +28,7 @@ from diagnoser.config.sections import (
 )
 from diagnoser.errors import ConfigError
 from diagnoser.promql import duration_seconds, is_duration
+from diagnoser.yamlfile import load_yaml
 
 
 class Settings(BaseSettings):
@@ -136,7 +137,7 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            loaded = load_yaml(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
         except yaml.YAMLError as exc:

@@ -39,6 +39,7 @@ from diagnoser.config import (
 from diagnoser.errors import ConfigError, ProbeSafetyError
 from diagnoser.probe.caps import LoadCaps, effective_caps, probe_caps
 from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, grpc_options_for, grpc_paths_beside
+from diagnoser.yamlfile import load_yaml
 
 __all__ = [
     "ConstantSchedule",
@@ -259,7 +260,7 @@ def _describe(exc: ValidationError) -> str:
 def load_probe_file(path: Path) -> ProbeSpec:
     """Read and validate ``probes/<name>.yaml``; raises :class:`ConfigError` naming file and fields."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read probe file: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

@@ -26,6 +26,7 @@ from diagnoser.models import CAUSES, SYMPTOMS
 from diagnoser.ruleset.schema import NAME_PATTERN, Condition, Rule, RuleFile, RuleSet, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, variables_for
 from diagnoser.signals import Catalogue, load_catalogue
+from diagnoser.yamlfile import load_yaml
 
 __all__ = ["builtin_rules_dir", "load_rule_file", "load_rules"]
 
@@ -122,7 +123,7 @@ def load_rule_file(path: Path, rule_id: str, catalogue: Catalogue | None = None)
 def _rule_file(path: Path, problem: Callable[[str, str], RuleProblem]) -> RuleFile:
     """The file's YAML, validated against the schema as written."""
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise _RuleFileInvalid([problem("", f"cannot read: {exc.strerror or exc}")]) from exc
     except yaml.YAMLError as exc:

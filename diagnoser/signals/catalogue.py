@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from diagnoser.errors import ConfigError
 from diagnoser.promql import parse_selector, quote
 from diagnoser.signals.resources import Resource, ResourceSpec, resource_from_spec
+from diagnoser.yamlfile import load_yaml
 
 __all__ = [
     "Catalogue",
@@ -214,7 +215,7 @@ def builtin_signals_dir() -> Path:
 
 def _read(path: Path) -> _FileSpec:
     try:
-        document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document: Any = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read signal catalogue: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

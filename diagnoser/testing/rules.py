@@ -48,6 +48,7 @@ from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 from diagnoser.testing.prometheus import LocalPrometheus
 from diagnoser.testing.series import NotationError, SeriesSpec, expand_values, parse_series, to_openmetrics
+from diagnoser.yamlfile import load_yaml
 
 __all__ = ["CaseResult", "RuleTestFile", "backfill_text", "load_test_file", "run_rule_tests"]
 
@@ -146,7 +147,7 @@ class CaseResult:
 def load_test_file(path: Path) -> RuleTestFile:
     """Read and validate one test file; raises :class:`ConfigError` naming file and field."""
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path.read_text(encoding="utf-8"))
         return RuleTestFile.model_validate(document)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc

@@ -9,7 +9,7 @@ import pytest
 from diagnoser.config import Settings
 from diagnoser.engine.coverage import metric_names_in, metric_names_of
 from diagnoser.engine.run import load_ruleset
-from tests.conftest import IncidentPrometheus, run_cli
+from tests.conftest import IncidentPrometheus, run_cli, run_cli_here
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_metric_names_of_a_rule_follow_renames() -> None:
 
 def test_incident_coverage_lists_the_rules_that_had_data(incident_prometheus: IncidentPrometheus) -> None:
     args = ("now", "--prometheus-url", incident_prometheus.url, "--at", incident_prometheus.at("35m"), "--slo-p99-ms", "250")
-    report = json.loads(run_cli(*args, "--format", "json").stdout)
+    report = json.loads(run_cli_here(*args, "--format", "json").stdout)
     coverage = report["coverage"]
     by_rule = {r["rule_id"]: r for r in coverage["rules"]}
     assert by_rule["pools/pool-exhaustion"]["status"] == "evaluated"
@@ -71,7 +71,7 @@ def test_incident_coverage_lists_the_rules_that_had_data(incident_prometheus: In
 
 def test_prometheus_without_the_packs_metrics_exits_1_with_no_data(incident_prometheus: IncidentPrometheus) -> None:
     # Years before the incident's data: the same Prometheus holds none of the metrics then.
-    result = run_cli("now", "--prometheus-url", incident_prometheus.url, "--at", "2020-01-01T00:00:00Z", "--format", "json")
+    result = run_cli_here("now", "--prometheus-url", incident_prometheus.url, "--at", "2020-01-01T00:00:00Z", "--format", "json")
     assert result.code == 1, result.stderr
     report = json.loads(result.stdout)
     assert [f["cause"] for f in report["findings"]] == ["no_data"]

@@ -1,15 +1,16 @@
-"""Filters, silences and --at through the real CLI, on the bundled incident."""
+"""Filters, silences and --at through the CLI, on the bundled incident (reports in this process,
+usage errors as a separate process)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.conftest import IncidentPrometheus, run_cli
+from tests.conftest import IncidentPrometheus, run_cli, run_cli_here
 
 
 def _now(prom: IncidentPrometheus, *args: str) -> tuple[int, dict[str, object]]:
-    result = run_cli(
+    result = run_cli_here(
         "now", "--prometheus-url", prom.url, "--at", prom.at("35m"), "--slo-p99-ms", "250", "--format", "json", *args
     )
     assert result.code in (0, 1), result.stderr
@@ -82,9 +83,9 @@ def test_silences_apply_and_are_shown_in_coverage(incident_prometheus: IncidentP
 
 def test_relative_future_and_zoneless_times(incident_prometheus: IncidentPrometheus) -> None:
     base = ("now", "--prometheus-url", incident_prometheus.url, "--format", "json")
-    ago = run_cli(*base, "--at", "-30m")
+    ago = run_cli_here(*base, "--at", "-30m")
     assert ago.code in (0, 1), ago.stderr
-    assert json.loads(ago.stdout)["evaluated_at"] < json.loads(run_cli(*base, "--at", "1m").stdout)["evaluated_at"]
+    assert json.loads(ago.stdout)["evaluated_at"] < json.loads(run_cli_here(*base, "--at", "1m").stdout)["evaluated_at"]
     future = run_cli(*base, "--at", "2999-01-01T00:00:00Z")
     assert future.code == 2
     assert "is in the future" in future.stderr

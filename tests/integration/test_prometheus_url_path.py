@@ -21,9 +21,9 @@ from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import IncidentPrometheus
+from tests.conftest import IncidentPrometheus, shared_bed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
 TOKEN = "tok-in-prom-url-3c9d"
 

@@ -21,8 +21,9 @@ from diagnoser.signals.recognition import recognition
 from diagnoser.sources.prometheus import PrometheusSource
 from diagnoser.testing.processes import free_port
 from diagnoser.testing.prometheus import LocalPrometheus
+from tests.conftest import shared_bed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
 
 @pytest.fixture(scope="module")

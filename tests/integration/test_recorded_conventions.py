@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 import pytest
 
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here, shared_bed
 from tests.fixtures.expositions.timeline import incident_openmetrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
 LEAD_IN_S = 900
 INCIDENT_S = 600
@@ -88,7 +88,7 @@ def recorded() -> Iterator[tuple[str, dict[str, float]]]:
 
 def _findings(url: str, at_s: float) -> list[dict[str, object]]:
     at = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = run_cli("now", "--prometheus-url", url, "--at", at, "--format", "json")
+    result = run_cli_here("now", "--prometheus-url", url, "--at", at, "--format", "json")
     assert result.code in (0, 1), result.stderr
     report = json.loads(result.stdout)
     assert report["errors"] == [], report["errors"]

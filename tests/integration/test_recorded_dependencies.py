@@ -29,10 +29,10 @@ import pytest
 import yaml
 
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here, shared_bed
 from tests.fixtures.expositions.timeline import HERE, incident_openmetrics, load_snapshot
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
 # The rule's baseline ends an hour before the instant: the lead-in covers it.
 LEAD_IN_S = 5400
@@ -93,7 +93,7 @@ def recorded() -> Iterator[tuple[str, dict[str, float]]]:
 
 def _report(url: str, at_s: float) -> dict[str, object]:
     at = datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = run_cli("now", "--prometheus-url", url, "--at", at, "--format", "json")
+    result = run_cli_here("now", "--prometheus-url", url, "--at", at, "--format", "json")
     assert result.code in (0, 1), result.stderr
     report: dict[str, object] = json.loads(result.stdout)
     assert report["errors"] == [], report["errors"]

@@ -12,11 +12,11 @@ import yaml
 
 from diagnoser.testing.prometheus import LocalPrometheus
 from diagnoser.testing.rules import backfill_text, load_test_file, parse_duration
-from tests.conftest import run_cli
+from tests.conftest import run_cli_here, shared_bed
 
 POOLS = Path(__file__).resolve().parents[1] / "rules" / "scenarios" / "pools.yaml"
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
 
 GROUPS = (
@@ -39,7 +39,7 @@ def pools_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 
 def _now(url: str, start: float, offset: str) -> list[dict[str, object]]:
     at = datetime.fromtimestamp(start + parse_duration(offset), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = run_cli("now", "--prometheus-url", url, "--at", at, "--format", "json")
+    result = run_cli_here("now", "--prometheus-url", url, "--at", at, "--format", "json")
     assert result.code == 1, result.stderr
     findings: list[dict[str, object]] = json.loads(result.stdout)["findings"]
     return findings

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from diagnoser.testing.prometheus import LocalPrometheus
-from tests.conftest import run_cli
+from tests.conftest import run_cli, shared_bed
 from tests.fixtures.expositions.timeline import incident_openmetrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
 START_S = 1_790_000_000.0
 TARGETS = {

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 from diagnoser.testing.rules import CaseResult, load_test_file, run_rule_tests
+from tests.conftest import shared_bed
+
+pytestmark = shared_bed(__name__)
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
