@@ -16,7 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, Summary, start_http_server
 
 from diagnoser.config import PrometheusSettings
+from diagnoser.models import SourceError
 from diagnoser.signals import load_catalogue
+from diagnoser.signals.infer import Recognition
 from diagnoser.signals.recognition import recognition
 from diagnoser.sources.prometheus import PrometheusSource
 from diagnoser.testing.processes import free_port
@@ -44,8 +46,8 @@ def scraped() -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def _ask(url: str) -> tuple[dict[str, dict[str, str]], object]:
-    async def ask() -> tuple[dict[str, dict[str, str]], object]:
+def _ask(url: str) -> tuple[dict[str, dict[str, str]], Recognition | SourceError]:
+    async def ask() -> tuple[dict[str, dict[str, str]], Recognition | SourceError]:
         source = PrometheusSource(PrometheusSettings(url=url))
         try:
             at = datetime.now(UTC)
@@ -56,9 +58,13 @@ def _ask(url: str) -> tuple[dict[str, dict[str, str]], object]:
             await source.aclose()
 
     deadline = time.monotonic() + 90
-    while True:  # the first scrape lands a few seconds after start (target discovery)
+    while True:
+        # The first scrape lands a few seconds after start (target discovery). Metadata has no
+        # time: it can name a family whose first samples are stamped just after the instant asked
+        # for, so wait until the series are there at that instant too.
         metadata, found = asyncio.run(ask())
-        if "api_latency" in metadata or time.monotonic() > deadline:
+        seen = isinstance(found, Recognition) and "api_latency" in found.families
+        if ("api_latency" in metadata and seen) or time.monotonic() > deadline:
             return metadata, found
         time.sleep(0.5)
 
@@ -67,6 +73,7 @@ def test_a_scraped_family_is_typed_by_its_metadata_and_recognised(scraped: str) 
     metadata, found = _ask(scraped)
     assert "api_latency" in metadata, f"no scrape of the target landed: {sorted(metadata)[:5]}"
     assert metadata["api_latency"] == {"type": "summary", "unit": "", "help": "Time to answer an API call."}
+    assert isinstance(found, Recognition), found
     families = found.families
     assert families["api_latency"].typed_by == "metadata"
     [convention] = found.conventions
