@@ -29,6 +29,7 @@ edits no table.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -163,13 +164,7 @@ def load_check_kinds() -> Mapping[str, CheckKind]:
     return _REGISTRY
 
 
-_loaded = False
-
-
+@functools.cache
 def check_kinds() -> Mapping[str, CheckKind]:
     """The registry, loading the built-in kinds on first use (once: walking the package is not free)."""
-    global _loaded
-    if not _loaded:
-        load_check_kinds()
-        _loaded = True
-    return _REGISTRY
+    return load_check_kinds()
