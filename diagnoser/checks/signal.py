@@ -156,7 +156,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                 key,
                 Evidence(
                     source=SOURCE,
-                    query=source.prepare(expansion.query),
+                    query=source.prepare(expansion.query, ctx.at),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,

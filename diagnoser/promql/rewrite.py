@@ -22,7 +22,7 @@ from functools import lru_cache
 import promql_parser as pp
 
 from diagnoser.errors import ExpressionError
-from diagnoser.promql.printer import Hooks, quote, render
+from diagnoser.promql.printer import Hooks, render, selector_text
 from diagnoser.promql.syntax import match_op, metric_names, parse, selector_name, walk
 
 __all__ = ["Replacement", "rename_metrics", "rewrite"]
@@ -86,10 +86,7 @@ def _same(label: str) -> str:
 
 def _replaced(node: pp.VectorSelector, replacement: Replacement) -> str:
     own = [(m.name, match_op(m), m.value) for m in node.matchers.matchers if m.name != "__name__"]
-    matchers = [*replacement.matchers, *own]
-    if not matchers:
-        return replacement.metric
-    return replacement.metric + "{" + ", ".join(f"{n}{op}{quote(v)}" for n, op, v in matchers) + "}"
+    return selector_text(replacement.metric, [*replacement.matchers, *own])
 
 
 def _value_node(node: pp.VectorSelector, ancestors: tuple[pp.Expr, ...], buckets: bool) -> pp.Expr:

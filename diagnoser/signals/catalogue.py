@@ -40,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.errors import ConfigError
-from diagnoser.promql import parse_selector, quote
+from diagnoser.promql import parse_selector, selector_text
 from diagnoser.signals.resources import Resource, ResourceSpec, resource_from_spec
 from diagnoser.yamlfile import load_yaml
 
@@ -92,10 +92,7 @@ class Form:
 
     def selector(self, suffix: str = "") -> str:
         """The PromQL selector of this form's series (``suffix``: a histogram's ``_bucket``...)."""
-        if not self.matchers:
-            return f"{self.metric}{suffix}"
-        inside = ", ".join(f"{label}{op}{quote(value)}" for label, op, value in self.matchers)
-        return f"{self.metric}{suffix}{{{inside}}}"
+        return selector_text(f"{self.metric}{suffix}", self.matchers)
 
 
 class _FormSpec(_Strict):
@@ -177,9 +174,10 @@ class Catalogue:
 
 
 def series_names(form: Form, signal: SignalDef) -> list[str]:
-    """The series names a form stands for: a histogram's ``_bucket``, ``_sum`` and ``_count``."""
+    """The series names a form stands for: a histogram's ``_bucket``, ``_sum`` and ``_count``, and
+    its own name, under which Prometheus 3 keeps it as a native histogram."""
     if signal.type == "histogram":
-        return [f"{form.metric}_{part}" for part in ("bucket", "sum", "count")]
+        return [form.metric, *(f"{form.metric}_{part}" for part in ("bucket", "sum", "count"))]
     return [form.metric]
 
 

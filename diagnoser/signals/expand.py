@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from diagnoser.errors import PromqlSyntaxError
-from diagnoser.promql import Replacement, grouping_labels, parse, rewrite
+from diagnoser.promql import Replacement, grouping_labels, held, parse, rewrite
 from diagnoser.signals.catalogue import Catalogue, Convention, Form
 
 __all__ = [
@@ -127,7 +127,9 @@ def expansions(
     found = []
     for convention in catalogue.conventions:
         needed = required_metrics(template, convention)
-        if needed is None or (present is not None and not needed <= present):
+        # A histogram's series count as present when the family is held as a native histogram:
+        # the source reads them as such (diagnoser.promql.read_histograms).
+        if needed is None or (present is not None and not all(held(name, present) for name in needed)):
             continue
         key = (template, convention.name)
         expansion = catalogue.expanded.get(key)

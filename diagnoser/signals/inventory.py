@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from diagnoser.models import SourceError
-from diagnoser.promql import quote
-from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form, series_names
+from diagnoser.promql import held, kind_from_names, label_name, quote
+from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
 from diagnoser.signals.infer import Lookalike, Recognition
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.resources import Resource
@@ -40,6 +40,8 @@ class Recognised:
     unit: str
     labels: dict[str, str]
     caveat: str | None = None
+    #: How Prometheus holds a histogram: ``classic`` (``_bucket`` series), ``native`` or ``both``.
+    histogram: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def _unit(form: Form, catalogue: Catalogue, signal: str) -> str:
 async def _services(
     source: PrometheusSource, selector: str, label: str, at: datetime
 ) -> list[str] | SourceError:
-    samples = await source.query(f"group by ({label}) ({selector})", at)
+    samples = await source.query(f"group by ({label_name(label)}) ({selector})", at)
     if isinstance(samples, SourceError):
         return samples
     return sorted({s.labels.get(label, "") for s in samples} - {""})
@@ -83,8 +85,16 @@ def _present_forms(
         (convention, signal, form)
         for convention in conventions
         for signal, form in convention.forms.items()
-        if signal in catalogue.signals and set(series_names(form, catalogue.signals[signal])) <= names
+        if signal in catalogue.signals and _present(form, catalogue.signals[signal].type, names)
     ]
+
+
+def _present(form: Form, kind: str, names: set[str]) -> bool:
+    """A form's series are there: a gauge's or counter's name; a histogram's classic series, or
+    its own name as a native histogram."""
+    if kind != "histogram":
+        return held(form.metric, names)
+    return kind_from_names(form.metric, names) is not None
 
 
 def _presence(form: Form, histogram: bool) -> str:
@@ -129,6 +139,11 @@ async def _signal_rows(
                     unit=_unit(form, catalogue, signal),
                     labels=dict(convention.labels),
                     caveat=form.note,
+                    histogram=(
+                        kind_from_names(form.metric, names)
+                        if catalogue.signals[signal].type == "histogram"
+                        else None
+                    ),
                 )
             )
     return rows, errors
