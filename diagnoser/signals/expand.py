@@ -29,6 +29,7 @@ from functools import lru_cache
 from diagnoser.errors import PromqlSyntaxError
 from diagnoser.promql import Replacement, grouping_labels, held, parse, rewrite
 from diagnoser.signals.catalogue import Catalogue, Convention, Form
+from diagnoser.signals.holdings import Holdings, resolve
 
 __all__ = [
     "Expansion",
@@ -121,22 +122,49 @@ def required_metrics(template: str, convention: Convention) -> set[str] | None:
 
 
 def expansions(
-    template: str, catalogue: Catalogue, present: set[str] | None = None
+    template: str, catalogue: Catalogue, present: set[str] | frozenset[str] | Holdings | None = None
 ) -> list[Expansion]:
-    """The query for each convention that has its signals (and, given ``present``, its metrics)."""
+    """The query for each convention that has its signals (and, given ``present``, its metrics).
+
+    Given :class:`~diagnoser.signals.holdings.Holdings`, an OpenTelemetry convention is matched
+    in whichever OTLP spelling the server holds (:func:`~diagnoser.signals.holdings.resolve`);
+    two conventions that then read the same series with the same labels give one expansion.
+    """
+    held_now: Holdings | None = None
+    names: set[str] | frozenset[str] | None = None
+    if isinstance(present, Holdings):
+        held_now, names = present, present.names
+    else:
+        names = present
     found = []
-    for convention in catalogue.conventions:
+    seen: set[tuple[object, ...]] = set()
+    for catalogued in catalogue.conventions:
+        convention = resolve(catalogued, held_now) if held_now is not None else catalogued
         needed = required_metrics(template, convention)
         # A histogram's series count as present when the family is held as a native histogram:
         # the source reads them as such (diagnoser.promql.read_histograms).
-        if needed is None or (present is not None and not all(held(name, present) for name in needed)):
+        if needed is None or (names is not None and not all(held(name, names) for name in needed)):
             continue
-        key = (template, convention.name)
+        reads = (
+            tuple(sorted(needed)),
+            tuple(sorted(convention.labels.items())),
+            _forms_read(template, convention),
+        )
+        if reads in seen:
+            continue
+        seen.add(reads)
+        key = (template, convention.name, *([] if convention is catalogued else [reads]))
         expansion = catalogue.expanded.get(key)
         if expansion is None:
             expansion = catalogue.expanded[key] = _expand(template, convention)
         found.append(expansion)
     return found
+
+
+def _forms_read(template: str, convention: Convention) -> tuple[object, ...]:
+    return tuple(
+        (convention.forms[name].metric, convention.forms[name].matchers) for name, _ in references(template)
+    )
 
 
 def _expand(template: str, convention: Convention) -> Expansion:

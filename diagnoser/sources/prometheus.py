@@ -277,6 +277,20 @@ class PrometheusSource:
 
         return await self._shared.run(("names", at.timestamp(), lookback_s), ask)
 
+    async def label_names(
+        self, match: str, at: datetime, lookback_s: float = 300.0
+    ) -> list[str] | SourceError:
+        """``GET /api/v1/labels?match[]=...``: the label names of the series ``match`` selects in
+        ``[at - lookback_s, at]`` (a Prometheus 3 UTF-8 family's ``http.route``...), shared per instant."""
+        start = at.timestamp() - lookback_s
+        params = {"match[]": match, "start": f"{start:.3f}", "end": f"{at.timestamp():.3f}"}
+        timeout = self.settings.query_timeout_s
+
+        async def ask() -> list[str] | SourceError:
+            return await self._call("/api/v1/labels", params, timeout, _label_names_from, match)
+
+        return await self._shared.run(("labels", match, at.timestamp(), lookback_s), ask)
+
     async def metadata(self, at: datetime) -> dict[str, dict[str, str]] | SourceError:
         """``GET /api/v1/metadata``: type, unit and help per metric family (the first entry of each).
 
@@ -370,9 +384,7 @@ def _api_data(response: httpx.Response, url: str, query: str | None) -> Any:
         payload = None
     if not isinstance(payload, dict) or payload.get("status") not in ("success", "error"):
         # A login page, a proxy's error page, the wrong port: summarise, never dump the body.
-        raise _EndpointFailure(
-            f"{url} is not a Prometheus API: HTTP {response.status_code} {content_type}"
-        )
+        raise _EndpointFailure(f"{url} is not a Prometheus API: HTTP {response.status_code} {content_type}")
     if payload["status"] == "success" and response.is_success:
         return payload.get("data")
     detail = str(payload.get("error") or payload.get("errorType") or "error")[:300]
@@ -424,6 +436,12 @@ def _names_from(data: Any) -> set[str]:
     if not isinstance(data, list):
         raise TypeError(f"label values are a {type(data).__name__}, expected a list")
     return {str(name) for name in data}
+
+
+def _label_names_from(data: Any) -> list[str]:
+    if not isinstance(data, list):
+        raise TypeError(f"label names are a {type(data).__name__}, expected a list")
+    return sorted(str(name) for name in data)
 
 
 def _metadata_from(data: Any) -> dict[str, dict[str, str]]:

@@ -63,16 +63,25 @@ _F = descriptor_pb2.FieldDescriptorProto
 
 
 def _field(
-    name: str, number: int, kind: Any, label: Any = _F.LABEL_OPTIONAL, type_name: str = "", oneof: int | None = None
+    name: str,
+    number: int,
+    kind: Any,
+    label: Any = _F.LABEL_OPTIONAL,
+    type_name: str = "",
+    oneof: int | None = None,
 ) -> Any:
-    return _F(name=name, number=number, type=kind, label=label, type_name=type_name or None, oneof_index=oneof)
+    return _F(
+        name=name, number=number, type=kind, label=label, type_name=type_name or None, oneof_index=oneof
+    )
 
 
 @cache
 def _messages() -> dict[str, Any]:
     """The Remote-Write 1.0 messages diagnoser sends (a subset of ``prompb``: no exemplars, metadata)."""
     rep = _F.LABEL_REPEATED
-    schema = descriptor_pb2.FileDescriptorProto(name="diagnoser_prompb.proto", package="prometheus", syntax="proto3")
+    schema = descriptor_pb2.FileDescriptorProto(
+        name="diagnoser_prompb.proto", package="prometheus", syntax="proto3"
+    )
     spec = {
         "Label": [_field("name", 1, _F.TYPE_STRING), _field("value", 2, _F.TYPE_STRING)],
         "Sample": [_field("value", 1, _F.TYPE_DOUBLE), _field("timestamp", 2, _F.TYPE_INT64)],
@@ -104,7 +113,10 @@ def _messages() -> dict[str, Any]:
             message.oneof_decl.add(name="zero_count")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(schema)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"prometheus.{name}")) for name in spec}
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"prometheus.{name}"))
+        for name in spec
+    }
 
 
 def _spans(buckets: Iterable[tuple[int, float]], message: Any) -> tuple[list[Any], list[float]]:
@@ -233,5 +245,6 @@ def native_from_api(data: dict[str, Any], schema: int | None = None) -> NativeSa
     return NativeSample(
         count=float(data["count"]), sum=float(data["sum"]), schema=schema,
         zero_threshold=zero_threshold, zero_count=zero_count,
-        positive=tuple((index(u), c) for u, c in positive), negative=tuple((index(u), c) for u, c in negative),
+        positive=tuple((index(u), c) for u, c in positive),
+        negative=tuple((index(u), c) for u, c in negative),
     )  # fmt: skip
