@@ -86,6 +86,9 @@ class TrendParams(BaseModel):
             raise ValueError("give exactly one of threshold or limit")
         if self.limit is not None and not self.join_on:
             raise ValueError("limit needs join_on: the labels that join a series with its limit")
+        if duration_seconds(self.window) < 2 * duration_seconds(self.resolution):
+            # Prometheus 3 reads ranges left-open: a subquery of one step holds one point.
+            raise ValueError(f"window {self.window} spans fewer than two {self.resolution} steps")
         return self
 
 

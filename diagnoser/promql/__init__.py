@@ -35,7 +35,13 @@ from diagnoser.promql.printer import (
     render,
     selector_text,
 )
-from diagnoser.promql.rewrite import Replacement, rename_metrics, rewrite
+from diagnoser.promql.rewrite import (
+    TYPE_AND_UNIT_LABELS,
+    Replacement,
+    rename_metrics,
+    rewrite,
+    without_type_and_unit,
+)
 from diagnoser.promql.syntax import (
     Expr,
     grouping_labels,
@@ -45,11 +51,13 @@ from diagnoser.promql.syntax import (
     parse_selector,
     reach_seconds,
     selector_name,
+    short_subqueries,
     walk,
 )
 
 __all__ = [
     "HISTOGRAM_PARTS",
+    "TYPE_AND_UNIT_LABELS",
     "UNIT_SECONDS",
     "Expr",
     "Hooks",
@@ -79,7 +87,9 @@ __all__ = [
     "rewrite",
     "selector_name",
     "selector_text",
+    "short_subqueries",
     "walk",
+    "without_type_and_unit",
 ]
 
 

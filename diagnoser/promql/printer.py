@@ -75,6 +75,8 @@ class Hooks:
     text: Mapping[int, str] = field(default_factory=dict)
     #: ``id`` of an aggregation -> labels left out of its ``by`` clause (a native histogram's ``le``).
     drop: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    #: Labels added to every ``without`` and ``ignoring`` clause (Prometheus 3's ``__type__``).
+    ignored: tuple[str, ...] = ()
 
 
 _PLAIN = Hooks()
@@ -181,6 +183,8 @@ def _aggregate(node: pp.AggregateExpr, hooks: Hooks) -> str:
     clause = "by" if modifier.type == pp.AggModifierType.By else "without"
     dropped = hooks.drop.get(id(node), frozenset()) if clause == "by" else frozenset()
     labels = [label for label in modifier.labels if label not in dropped]
+    if clause == "without":
+        labels += [label for label in hooks.ignored if label not in labels]
     return f"{node.op} {clause} ({_labels(labels, hooks)}) ({arguments})"
 
 
@@ -190,7 +194,10 @@ def _matching(modifier: pp.BinModifier | None, hooks: Hooks) -> str:
     text = " bool" if modifier.return_bool else ""
     if modifier.matching is not None:
         clause = "on" if modifier.matching.type == pp.LabelModifierType.Include else "ignoring"
-        text += f" {clause} ({_labels(modifier.matching.labels, hooks)})"
+        labels = list(modifier.matching.labels)
+        if clause == "ignoring":
+            labels += [label for label in hooks.ignored if label not in labels]
+        text += f" {clause} ({_labels(labels, hooks)})"
     if modifier.group_labels is not None:
         side = "group_left" if modifier.card == pp.VectorMatchCardinality.ManyToOne else "group_right"
         text += f" {side} ({_labels(modifier.group_labels, hooks)})"

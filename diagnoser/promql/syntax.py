@@ -30,6 +30,7 @@ __all__ = [
     "parse_selector",
     "reach_seconds",
     "selector_name",
+    "short_subqueries",
     "walk",
 ]
 
@@ -182,3 +183,18 @@ def reach_seconds(query: str) -> float:
 
 def _offset_s(offset: Any) -> float:
     return max(offset.total_seconds(), 0.0) if offset is not None else 0.0
+
+
+def short_subqueries(query: str) -> list[tuple[float, float]]:
+    """``(range, step)`` in seconds of each subquery that spans fewer than two steps. Prometheus 3
+    reads ranges left-open, so ``x[1m:1m]`` holds one point and ``rate``/``deriv`` over it nothing."""
+    found: list[tuple[float, float]] = []
+
+    def visit(node: pp.Expr, _: tuple[pp.Expr, ...]) -> None:
+        if isinstance(node, pp.SubqueryExpr) and node.step is not None and node.range is not None:
+            span, step = node.range.total_seconds(), node.step.total_seconds()
+            if step > 0 and span < 2 * step:
+                found.append((span, step))
+
+    walk(parse(query), visit)
+    return found

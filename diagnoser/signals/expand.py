@@ -188,7 +188,12 @@ def _expand(template: str, convention: Convention) -> Expansion:
 
 
 def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[str, str]:
-    """An answer's labels under their normalised names (``job`` is kept beside ``service``)."""
+    """An answer's labels under their normalised names (``job`` is kept beside ``service``).
+
+    A ``job`` of ``namespace/name`` is how Prometheus' OTLP receiver writes an OpenTelemetry
+    resource's ``service.namespace`` and ``service.name``: the service is the name, and the
+    namespace the namespace where the series carry none of their own.
+    """
     out: dict[str, str] = {}
     for key, value in labels.items():
         normalised = convention.normalised_label(key)
@@ -197,6 +202,12 @@ def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[
             if key != "job":
                 continue
         out.setdefault(key, value)
+    job = labels.get("job", "")
+    if out.get("service") == job and job.count("/") == 1 and convention.otel:
+        namespace, _, name = job.partition("/")
+        out["service"] = name
+        if namespace:
+            out.setdefault("namespace", namespace)
     return out
 
 

@@ -37,7 +37,15 @@ import httpx
 from diagnoser.config import PrometheusSettings
 from diagnoser.errors import ExpressionError, PromqlSyntaxError
 from diagnoser.models import SourceError
-from diagnoser.promql import histogram_bases, kind_from_names, reach_seconds, read_histograms, rename_metrics
+from diagnoser.promql import (
+    TYPE_AND_UNIT_LABELS,
+    histogram_bases,
+    kind_from_names,
+    reach_seconds,
+    read_histograms,
+    rename_metrics,
+    without_type_and_unit,
+)
 from diagnoser.redact import redact_url, scrub_text
 from diagnoser.sources.base import SingleFlight
 
@@ -250,7 +258,7 @@ class PrometheusSource:
             return SourceError(source=SOURCE, message=f"cannot rename metrics per config: {exc}")
         # A query the parser cannot read goes as written: Prometheus says what is wrong with it.
         with contextlib.suppress(PromqlSyntaxError):
-            prepared = await self._as_held(prepared, at)
+            prepared = without_type_and_unit(await self._as_held(prepared, at))
         self._remember_sent(query, at, prepared)
         params = {"query": prepared, "time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
 
@@ -410,7 +418,8 @@ def _samples_from(data: Any) -> list[Sample]:
         raise TypeError(f"result is a {type(result).__name__}, expected a list")
     samples: list[Sample] = []
     for item in result:
-        labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
+        # Prometheus 3's __type__/__unit__ describe a series; they are not who it is.
+        labels = {str(k): str(v) for k, v in item.get("metric", {}).items() if k not in TYPE_AND_UNIT_LABELS}
         if "value" in item:
             samples.append(Sample(labels=labels, value=float(item["value"][1])))
         elif "histogram" in item:  # a native histogram: [ts, {count, sum, buckets}]

@@ -68,7 +68,10 @@ def test_utf8_names_are_printed_quoted() -> None:
 
 
 def test_otlp_strategies_are_one_rule() -> None:
-    assert escape_metric("http.server.request.duration_seconds_bucket") == "http_server_request_duration_seconds_bucket"
+    assert (
+        escape_metric("http.server.request.duration_seconds_bucket")
+        == "http_server_request_duration_seconds_bucket"
+    )
     assert escape_label("http.response.status_code") == "http_response_status_code"
     assert escape_label("2xx") == "key_2xx"
     assert spellings("http_server_request_duration_seconds") == {
