@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
+from diagnoser.signals.otlp import escape_metric
 from diagnoser.signals.resources import Resource
 from diagnoser.signals.shapes import (
     PEER_LABELS,
@@ -133,10 +134,11 @@ def _unclaimed(
 ) -> dict[str, Family]:
     """The families of ``names`` none of whose series a convention or catalogued resource reads."""
     claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))
+    spelt = catalogue.otel_spellings()  # an OpenTelemetry convention's other OTLP spellings
     return {
         name: family
         for name, family in families_of(names, metadata, native).items()
-        if not set(family.series) & claimed
+        if not set(family.series) & claimed and not {escape_metric(s) for s in family.series} & spelt
     }
 
 

@@ -17,7 +17,9 @@ from datetime import datetime
 from diagnoser.models import SourceError
 from diagnoser.promql import held, kind_from_names, label_name, quote
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
+from diagnoser.signals.holdings import holdings, resolve
 from diagnoser.signals.infer import Lookalike, Recognition
+from diagnoser.signals.otlp import escape_label
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.resources import Resource
 from diagnoser.signals.shapes import STATUS_LABELS
@@ -100,15 +102,23 @@ def _present(form: Form, kind: str, names: set[str]) -> bool:
 def _presence(form: Form, histogram: bool) -> str:
     """The selector of a form's series, status matchers left out: a service that had no 5xx has
     its errors signal all the same."""
-    kept = tuple(m for m in form.matchers if m[0] not in STATUS_LABELS)
+    kept = tuple(m for m in form.matchers if escape_label(m[0]) not in STATUS_LABELS)
     return Form(metric=form.metric, matchers=kept).selector("_count" if histogram else "")
 
 
 async def _signal_rows(
-    source: PrometheusSource, catalogue: Catalogue, found: Recognition, names: set[str], at: datetime
+    source: PrometheusSource,
+    catalogue: Catalogue,
+    found: Recognition,
+    names: set[str],
+    at: datetime,
+    lookback_s: float,
 ) -> tuple[list[Recognised], list[SourceError]]:
     inferred = {c.name for c in found.conventions}
-    present = _present_forms(catalogue, [*catalogue.conventions, *found.conventions], names)
+    # OpenTelemetry conventions in whichever OTLP spelling the server holds them.
+    held_now = await holdings(source, catalogue, names, at, lookback_s)
+    catalogued = [resolve(c, held_now) for c in catalogue.conventions]
+    present = _present_forms(catalogue, [*catalogued, *found.conventions], names)
     selectors = [
         _presence(form, catalogue.signals[signal].type == "histogram") for _, signal, form in present
     ]
@@ -211,7 +221,7 @@ async def inventory(
     if isinstance(found, SourceError):
         return Inventory(errors=[found])
     signals, resources, missed = await asyncio.gather(
-        _signal_rows(source, catalogue, found, names, at),
+        _signal_rows(source, catalogue, found, names, at, lookback_s),
         _resource_rows(source, found.resources, at),
         _unrecognised_rows(source, found.lookalikes, names, at),
     )
