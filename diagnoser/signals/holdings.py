@@ -32,27 +32,45 @@ class Holdings:
 
     names: frozenset[str]
     labels: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: Escaped name -> the present names that escape to it and are not it (``http.server...``).
+    escaped: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, names: Iterable[str], labels: Mapping[str, frozenset[str]] | None = None) -> Holdings:
+        """Holdings of ``names``, indexed by escaped name once."""
+        index: dict[str, list[str]] = {}
+        for name in names:
+            escaped = escape_metric(name)
+            if escaped != name:
+                index.setdefault(escaped, []).append(name)
+        return cls(frozenset(names), labels or {}, {k: tuple(sorted(v)) for k, v in index.items()})
 
     def spelt(self, spellings: frozenset[str]) -> list[str]:
         """Present names whose escaped form is one of ``spellings`` (histogram parts included)."""
-        return sorted(name for name in self.names if escape_metric(name) in spellings)
-
-
-def _utf8_candidates(names: Iterable[str], catalogue: Catalogue) -> list[str]:
-    wanted = catalogue.otel_spellings()
-    return sorted(n for n in names if not is_legacy_metric(n) and escape_metric(n) in wanted)
+        found = {name for s in spellings for name in self.escaped.get(s, ())}
+        found.update(s for s in spellings if s in self.names)
+        return sorted(found)
 
 
 async def holdings(
     source: PrometheusSource, catalogue: Catalogue, names: set[str], at: datetime, lookback_s: float
 ) -> Holdings:
     """The holdings at ``at``: ``names`` and, for UTF-8 spellings of catalogued OpenTelemetry
-    metrics, their label names (a family whose labels cannot be read keeps the catalogue's)."""
-    candidates = _utf8_candidates(names, catalogue)
-    if not candidates:
-        return Holdings(frozenset(names))
+    metrics, their label names (a family whose labels cannot be read keeps the catalogue's).
+    Computed once per instant and shared, like the names."""
 
     async def ask() -> Holdings:
+        plain = Holdings.of(names)
+        wanted = catalogue.otel_spellings()
+        candidates = sorted(
+            name
+            for escaped, spelt in plain.escaped.items()
+            if escaped in wanted
+            for name in spelt
+            if not is_legacy_metric(name)
+        )
+        if not candidates:
+            return plain
         answers = await asyncio.gather(
             *(source.label_names(selector_text(name), at, lookback_s) for name in candidates)
         )
@@ -61,10 +79,9 @@ async def holdings(
             for n, a in zip(candidates, answers, strict=True)
             if not isinstance(a, SourceError)
         }
-        return Holdings(frozenset(names), labels)
+        return replace(plain, labels=labels)
 
-    return await source.shared(("holdings", at.timestamp(), lookback_s, tuple(candidates)), ask)
-
+    return await source.shared(("holdings", at.timestamp(), lookback_s, len(names), id(catalogue)), ask)
 
 def resolve(convention: Convention, held_now: Holdings) -> Convention:
     """``convention`` as the server holds it: for an OpenTelemetry convention whose names are not

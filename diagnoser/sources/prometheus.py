@@ -237,7 +237,9 @@ class PrometheusSource:
             return query
         # The names over what the query reads (its ranges and offsets) decide each family's kind:
         # a family that changed kind within a baseline's reach is read both ways.
-        names = await self.metric_names(at, _NAMES_LOOKBACK_S + reach_seconds(query))
+        # Rounded up to whole lookbacks: most queries then share the names the rules already asked.
+        lookback = _NAMES_LOOKBACK_S * math.ceil(max(reach_seconds(query), 1.0) / _NAMES_LOOKBACK_S)
+        names = await self.metric_names(at, lookback)
         if isinstance(names, SourceError):
             return query  # the query fails or answers as written; the names' error is reported there
         return read_histograms(query, lambda base: kind_from_names(base, names))

@@ -99,7 +99,7 @@ def test_an_otel_convention_is_found_in_every_spelling(names: set[str]) -> None:
     convention = load_catalogue().convention("otel-http")
     assert convention is not None
     labels = {n: frozenset({"http.route", "http.response.status_code", "job"}) for n in names if "." in n}
-    held = resolve(convention, Holdings(frozenset(names), labels))
+    held = resolve(convention, Holdings.of(names, labels))
     metric = held.forms["http.server.duration"].metric
     assert escape_metric(metric) in spellings("http_server_request_duration_seconds")
     if labels:
@@ -120,3 +120,20 @@ def test_native_histogram_results_are_samples() -> None:
     }
     (sample,) = _samples_from(data)
     assert sample.value == 3.0 and sample.histogram is not None and sample.histogram.sum == 0.5
+
+
+def test_native_families_are_recognised_by_their_samples() -> None:
+    from diagnoser.signals.infer import recognise
+    from diagnoser.signals.shapes import families_of, native_candidates
+
+    name = "shop_api_request_latency_seconds"
+    assert native_candidates({name, "up"}, {}) == [name]
+    assert families_of({name}, {}, native={name})[name].histogram == "native"
+    found = recognise(
+        {name}, {}, {name: frozenset({"job", "code", "handler"})}, load_catalogue(), native={name}
+    )
+    (convention,) = found.conventions
+    assert convention.name.startswith(f"inferred (native histogram {name}, server side, status label code")
+    assert convention.forms["http.server.duration"].metric == name
+    # Without the samples' word, the same name is a gauge and nothing is inferred.
+    assert recognise({name}, {}, {}, load_catalogue()).conventions == ()
