@@ -136,8 +136,7 @@ def expansions(
         held_now, names = present, present.names
     else:
         names = present
-    found = []
-    seen: set[tuple[object, ...]] = set()
+    candidates: list[tuple[Convention, Convention, tuple[str, ...], tuple[object, ...]]] = []
     for catalogued in catalogue.conventions:
         convention = resolve(catalogued, held_now) if held_now is not None else catalogued
         needed = required_metrics(template, convention)
@@ -145,12 +144,18 @@ def expansions(
         # the source reads them as such (diagnoser.promql.read_histograms).
         if needed is None or (names is not None and not all(held(name, names) for name in needed)):
             continue
-        reads = (
-            tuple(sorted(needed)),
-            tuple(sorted(convention.labels.items())),
-            _forms_read(template, convention),
-        )
-        if reads in seen:
+        metrics = tuple(sorted(needed))
+        reads: tuple[object, ...] = (
+            metrics, tuple(sorted(convention.labels.items())), _forms_read(template, convention)
+        )  # fmt: skip
+        candidates.append((catalogued, convention, metrics, reads))
+    # A convention that names the series as they are beats one that reaches the same series by
+    # another OTLP spelling (otel-http-client-js's http_client_request_duration over otel-http-client's).
+    exact = {metrics for catalogued, convention, metrics, _ in candidates if convention is catalogued}
+    found = []
+    seen: set[tuple[object, ...]] = set()
+    for catalogued, convention, metrics, reads in candidates:
+        if reads in seen or (convention is not catalogued and metrics in exact):
             continue
         seen.add(reads)
         key = (template, convention.name, *([] if convention is catalogued else [reads]))

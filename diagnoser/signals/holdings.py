@@ -40,6 +40,8 @@ class Holdings:
         """Holdings of ``names``, indexed by escaped name once."""
         index: dict[str, list[str]] = {}
         for name in names:
+            if "__" not in name and is_legacy_metric(name):
+                continue  # escapes to itself
             escaped = escape_metric(name)
             if escaped != name:
                 index.setdefault(escaped, []).append(name)
@@ -96,6 +98,8 @@ def resolve(convention: Convention, held_now: Holdings) -> Convention:
         forms[signal] = spelt
         for series in (spelt.metric, *(f"{spelt.metric}{p}" for p in HISTOGRAM_PARTS)):
             label_names |= held_now.labels.get(series, frozenset())
+    if all(forms[signal] is form for signal, form in convention.forms.items()):
+        return convention  # nothing held under another spelling: the convention as written
     if not label_names:
         return replace(convention, forms=forms)
     by_escape = {escape_label(name): name for name in sorted(label_names)}
@@ -120,5 +124,5 @@ def _spelt(form: Form, held_now: Holdings) -> Form:
         if own_part and part != own_part:
             continue
         base = name if own_part or not part else name[: -len(part)]
-        return replace(form, metric=base)
+        return form if base == form.metric else replace(form, metric=base)
     return form

@@ -39,6 +39,7 @@ from diagnoser.errors import ExpressionError, PromqlSyntaxError
 from diagnoser.models import SourceError
 from diagnoser.promql import (
     TYPE_AND_UNIT_LABELS,
+    Kind,
     histogram_bases,
     kind_from_names,
     reach_seconds,
@@ -235,14 +236,19 @@ class PrometheusSource:
         """``query`` reading its histograms as the metric names around ``at`` say they are held."""
         if not histogram_bases(query):
             return query
-        # The names over what the query reads (its ranges and offsets) decide each family's kind:
-        # a family that changed kind within a baseline's reach is read both ways.
-        # Rounded up to whole lookbacks: most queries then share the names the rules already asked.
-        lookback = _NAMES_LOOKBACK_S * math.ceil(max(reach_seconds(query), 1.0) / _NAMES_LOOKBACK_S)
-        names = await self.metric_names(at, lookback)
+        # The instant's names (the list every rule shares) decide each family's kind. What a query
+        # reads further back (a baseline an hour ago) may predate a change of kind: a family held
+        # native now is read both ways there, which costs no round trip and never counts twice.
+        names = await self.metric_names(at, _NAMES_LOOKBACK_S)
         if isinstance(names, SourceError):
             return query  # the query fails or answers as written; the names' error is reported there
-        return read_histograms(query, lambda base: kind_from_names(base, names))
+        beyond = reach_seconds(query) > _NAMES_LOOKBACK_S
+
+        def kind(base: str) -> Kind | None:
+            held = kind_from_names(base, names)
+            return "both" if held == "native" and beyond else held
+
+        return read_histograms(query, kind)
 
     async def query(
         self, query: str, at: datetime, timeout_s: float | None = None, *, share: bool = True
