@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a Debian/Ubuntu machine for diagnoser's demo, tests and benchmarks:
-# the real servers the tests run (Prometheus, Redis, redis_exporter, elasticsearch_exporter),
+# the real servers the tests run (Prometheus 2.42 and 3.5 LTS, Redis, redis_exporter, elasticsearch_exporter),
 # load-generator references (wrk, hey), nginx (the fast server of bench/probe.py and
 # bench/capacity.py), a virtualenv with diagnoser installed in it, and the
 # helm and kubectl binaries the deployment tests render the chart and the kustomize overlays with.
@@ -59,6 +59,44 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -e '.[dev]'
   touch "$stamp"
+fi
+
+# Prometheus 3.5 LTS beside the Debian release's 2.42: the tests run on 3.5 with native histograms
+# on and keep a smoke subset on 2.x (DIAGNOSER_TEST_PROMETHEUS=2|3, diagnoser/testing/prometheus.py).
+# Debian testing ships 3.5.x (the package needs only libc6 >= 2.34); it is fetched from the mirror
+# this machine's own apt sources name, with apt state of its own under a temp dir (the system's
+# package lists, cache and installed prometheus are left as they are), and unpacked into
+# $VENV/prometheus3 (bin/prometheus, bin/promtool).
+PROMETHEUS3_DIR="$VENV/prometheus3"
+PROMETHEUS3_SUITE=${PROMETHEUS3_SUITE:-forky}
+if [ ! -x "$PROMETHEUS3_DIR/bin/prometheus" ] || [ ! -x "$PROMETHEUS3_DIR/bin/promtool" ]; then
+  mirror=$(awk '/^URIs:/ {print $2; exit} /^deb / {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; exit}}' \
+    /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1)
+  if [ -z "$mirror" ]; then
+    echo "setup: no Debian mirror in this machine's apt sources: Prometheus 3.5 not installed" >&2
+    exit 1
+  fi
+  echo "setup: installing Prometheus 3.5 and promtool from Debian $PROMETHEUS3_SUITE into $PROMETHEUS3_DIR"
+  p3_tmp=$(mktemp -d)
+  mkdir -p "$p3_tmp/lists/partial" "$p3_tmp/cache/archives/partial"
+  keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  echo "deb [signed-by=$keyring] $mirror $PROMETHEUS3_SUITE main" >"$p3_tmp/sources.list"
+  p3_apt=(-o "Dir::Etc::SourceList=$p3_tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$p3_tmp/lists" -o "Dir::Cache=$p3_tmp/cache" -o Debug::NoLocking=1
+    -o "APT::Sandbox::User=$(id -un)")
+  apt-get -qq "${p3_apt[@]}" update
+  # The newest 3.5.x the suite has (the long-term-support line), not whatever major it moves to.
+  version=$(apt-cache "${p3_apt[@]}" madison prometheus | awk '$3 ~ /^3\.5\./ {print $3; exit}')
+  if [ -z "$version" ]; then
+    echo "setup: Debian $PROMETHEUS3_SUITE has no prometheus 3.5.x" >&2
+    exit 1
+  fi
+  (cd "$p3_tmp" && apt-get -qq "${p3_apt[@]}" download "prometheus=$version" "promtool=$version")
+  mkdir -p "$p3_tmp/root" "$PROMETHEUS3_DIR/bin"
+  for deb in "$p3_tmp"/*.deb; do dpkg-deb -x "$deb" "$p3_tmp/root"; done
+  install -m 0755 "$p3_tmp/root/usr/bin/prometheus" "$p3_tmp/root/usr/bin/promtool" "$PROMETHEUS3_DIR/bin/"
+  rm -rf "$p3_tmp"
+  "$PROMETHEUS3_DIR/bin/prometheus" --version | head -n 1
 fi
 
 # helm and kubectl (with its built-in kustomize) for tests/deploy: neither is a Debian package in

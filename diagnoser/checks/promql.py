@@ -86,6 +86,9 @@ class TrendParams(BaseModel):
             raise ValueError("give exactly one of threshold or limit")
         if self.limit is not None and not self.join_on:
             raise ValueError("limit needs join_on: the labels that join a series with its limit")
+        if duration_seconds(self.window) < 2 * duration_seconds(self.resolution):
+            # Prometheus 3 reads ranges left-open: a subquery of one step holds one point.
+            raise ValueError(f"window {self.window} spans fewer than two {self.resolution} steps")
         return self
 
 
@@ -99,7 +102,7 @@ async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
     samples = await source.query(params.query, ctx.at, params.timeout_s)
     if isinstance(samples, SourceError):
         return samples
-    query = source.prepare(params.query)
+    query = source.prepare(params.query, ctx.at)
     evidence: list[Evidence] = []
     for sample in samples:
         if params.op is None or params.threshold is None:
@@ -131,7 +134,7 @@ async def absent(params: AbsentParams, ctx: CheckContext) -> CheckResult:
     if any(not math.isnan(s.value) for s in samples):
         return []
     what = params.description or "series"
-    return [Evidence(source=SOURCE, query=source.prepare(params.query), detail=f"no {what} found")]
+    return [Evidence(source=SOURCE, query=source.prepare(params.query, ctx.at), detail=f"no {what} found")]
 
 
 def trend_query(params: TrendParams) -> str:
@@ -173,7 +176,7 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
         return [
             Evidence(
                 source=SOURCE,
-                query=source.prepare(projection),
+                query=source.prepare(projection, ctx.at),
                 labels=s.labels,
                 value=s.value,
                 threshold=params.threshold,
@@ -198,7 +201,7 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
     return [
         Evidence(
             source=SOURCE,
-            query=source.prepare(reaching),
+            query=source.prepare(reaching, ctx.at),
             labels=s.labels,
             value=s.value,
             threshold=by_key.get(_key(s.labels, params.join_on)),

@@ -97,7 +97,7 @@ async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResu
             rows.append(
                 Evidence(
                     source=SOURCE,
-                    query=source.prepare(query),
+                    query=source.prepare(query, ctx.at),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,

@@ -44,6 +44,7 @@ from diagnoser.signals import (
     normalise_labels,
     validate_template,
 )
+from diagnoser.signals.holdings import Holdings, holdings
 from diagnoser.signals.recognition import recognition
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
@@ -132,9 +133,10 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
     catalogue = ctx.catalogue
     lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window))
-    present = await source.metric_names(ctx.at, lookback)
-    if isinstance(present, SourceError):
-        return present
+    names = await source.metric_names(ctx.at, lookback)
+    if isinstance(names, SourceError):
+        return names
+    present = await holdings(source, catalogue, names, ctx.at, lookback)
     # The catalogue's conventions are asked at once; families no convention claims may still be
     # recognised by their shape (signals.infer, once per instant), and their inferred conventions
     # are asked as soon as that is known, without holding up the catalogue's queries.
@@ -156,7 +158,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                 key,
                 Evidence(
                     source=SOURCE,
-                    query=source.prepare(expansion.query),
+                    query=source.prepare(expansion.query, ctx.at),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,
@@ -171,7 +173,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
 Planned = list[tuple[Alternative, Expansion]]
 
 
-def expansions_of(params: SignalParams, catalogue: Catalogue, present: set[str]) -> Planned:
+def expansions_of(params: SignalParams, catalogue: Catalogue, present: Holdings) -> Planned:
     return [
         (alternative, expansion)
         for alternative in templates_of(params)
@@ -190,7 +192,7 @@ async def _ask_inferred(
     source: PrometheusSource,
     params: SignalParams,
     catalogue: Catalogue,
-    present: set[str],
+    present: Holdings,
     ctx: CheckContext,
     lookback: float,
 ) -> list[tuple[Alternative, Expansion, list[Sample] | SourceError]]:

@@ -109,11 +109,12 @@ def _print_table(found: Inventory, at: datetime) -> None:
         rows = [r for r in found.recognised if r.service == service]
         if rows:
             table = Table(box=box.SIMPLE, pad_edge=False)
-            for column in ("signal", "convention", "metric", "unit", "labels"):
+            for column in ("signal", "convention", "metric", "kind", "unit", "labels"):
                 table.add_column(column, overflow="fold")
             for r in rows:
                 labels = ", ".join(f"{k}={v}" for k, v in r.labels.items())
-                table.add_row(r.signal, r.convention, r.metric, r.unit, labels)
+                kind = f"{r.histogram} histogram" if r.histogram else ""
+                table.add_row(r.signal, r.convention, r.metric, kind, r.unit, labels)
             stdout.print(table)
         for u in (u for u in found.unrecognised if u.service == service):
             stdout.print(

@@ -17,8 +17,31 @@ caller to place (file, rule, field)::
 from __future__ import annotations
 
 from diagnoser.promql.duration import UNIT_SECONDS, duration_seconds, format_duration, is_duration
-from diagnoser.promql.printer import Hooks, format_number, quote, render
-from diagnoser.promql.rewrite import Replacement, rename_metrics, rewrite
+from diagnoser.promql.histograms import (
+    HISTOGRAM_PARTS,
+    Kind,
+    held,
+    histogram_bases,
+    kind_from_names,
+    read_histograms,
+)
+from diagnoser.promql.printer import (
+    Hooks,
+    format_number,
+    is_legacy_label,
+    is_legacy_metric,
+    label_name,
+    quote,
+    render,
+    selector_text,
+)
+from diagnoser.promql.rewrite import (
+    TYPE_AND_UNIT_LABELS,
+    Replacement,
+    rename_metrics,
+    rewrite,
+    without_type_and_unit,
+)
 from diagnoser.promql.syntax import (
     Expr,
     grouping_labels,
@@ -26,31 +49,47 @@ from diagnoser.promql.syntax import (
     metric_names,
     parse,
     parse_selector,
+    reach_seconds,
     selector_name,
+    short_subqueries,
     walk,
 )
 
 __all__ = [
+    "HISTOGRAM_PARTS",
+    "TYPE_AND_UNIT_LABELS",
     "UNIT_SECONDS",
     "Expr",
     "Hooks",
+    "Kind",
     "Replacement",
     "duration_seconds",
     "format_duration",
     "format_number",
     "grouping_labels",
+    "held",
+    "histogram_bases",
     "is_duration",
+    "is_legacy_label",
+    "is_legacy_metric",
     "is_selector",
+    "kind_from_names",
+    "label_name",
     "metric_names",
     "normalise",
     "parse",
     "parse_selector",
     "quote",
+    "reach_seconds",
+    "read_histograms",
     "rename_metrics",
     "render",
     "rewrite",
     "selector_name",
+    "selector_text",
+    "short_subqueries",
     "walk",
+    "without_type_and_unit",
 ]
 
 

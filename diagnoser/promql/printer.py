@@ -6,15 +6,23 @@ values, each of which changes what Prometheus answers. This one writes every nod
 makes, keeps the parentheses the query had (they are nodes of the tree) and prints
 ``max by (pool) (x{a="b"}[5m])`` style: a printed query parses back to the same tree.
 
-:class:`Hooks` carries the rewrites of :mod:`diagnoser.promql.rewrite`: replacement text for a
-selector, new names for grouping labels, and nodes whose value is multiplied by a factor.
+:class:`Hooks` carries the rewrites of :mod:`diagnoser.promql.rewrite` and
+:mod:`diagnoser.promql.histograms`: replacement text for a selector or for any node, new names
+for grouping labels (or labels left out of one clause), and nodes whose value is multiplied by a
+factor.
+
+Names outside the legacy character set (Prometheus 3's UTF-8 names: ``http.server.duration``,
+``service.name``) are printed quoted, the way Prometheus 3 reads them:
+``{"http.server.duration_bucket", "http.route"="/x"}``, ``sum by ("http.route") (...)``. A name
+is never rejected for its characters: only how it is written depends on them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -23,7 +31,34 @@ import promql_parser as pp
 from diagnoser.promql.duration import format_duration
 from diagnoser.promql.syntax import match_op
 
-__all__ = ["Hooks", "format_number", "quote", "render"]
+__all__ = [
+    "Hooks",
+    "format_number",
+    "is_legacy_label",
+    "is_legacy_metric",
+    "label_name",
+    "quote",
+    "render",
+    "selector_text",
+]
+
+_LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LEGACY_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def is_legacy_metric(name: str) -> bool:
+    """True when ``name`` needs no quotes as a metric name (``[a-zA-Z_:][a-zA-Z0-9_:]*``)."""
+    return _LEGACY_METRIC.fullmatch(name) is not None
+
+
+def is_legacy_label(name: str) -> bool:
+    """True when ``name`` needs no quotes as a label name (``[a-zA-Z_][a-zA-Z0-9_]*``)."""
+    return _LEGACY_LABEL.fullmatch(name) is not None
+
+
+def label_name(name: str) -> str:
+    """A label name as PromQL writes it: bare when it can be, else quoted (``"http.route"``)."""
+    return name if is_legacy_label(name) else quote(name)
 
 
 @dataclass(frozen=True)
@@ -36,6 +71,12 @@ class Hooks:
     label: Callable[[str], str] = lambda name: name
     #: ``id`` of a node -> factors: the node is printed as ``(<node> * factor)``, once per factor.
     scale: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    #: ``id`` of a node -> the text printed in its place (before any factor of ``scale``).
+    text: Mapping[int, str] = field(default_factory=dict)
+    #: ``id`` of an aggregation -> labels left out of its ``by`` clause (a native histogram's ``le``).
+    drop: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    #: Labels added to every ``without`` and ``ignoring`` clause (Prometheus 3's ``__type__``).
+    ignored: tuple[str, ...] = ()
 
 
 _PLAIN = Hooks()
@@ -43,7 +84,8 @@ _PLAIN = Hooks()
 
 def render(node: pp.Expr, hooks: Hooks = _PLAIN) -> str:
     """``node`` as PromQL text, with ``hooks`` applied."""
-    text = _render(node, hooks)
+    replaced = hooks.text.get(id(node))
+    text = replaced if replaced is not None else _render(node, hooks)
     for factor in hooks.scale.get(id(node), ()):
         text = f"({text} * {format_number(factor)})"
     return text
@@ -84,6 +126,15 @@ def _selector(node: pp.VectorSelector, hooks: Hooks) -> str:
         return replaced
     name = str(node.name or "")
     matchers = [m for m in node.matchers.matchers if not (name and m.name == "__name__")]
+    if not name:
+        # A UTF-8 name goes first inside the braces, quoted: {"http.server.duration", a="b"}.
+        named = next((m for m in matchers if _names_metric(m) and not is_legacy_metric(m.value)), None)
+        if named is not None:
+            matchers = [m for m in matchers if m is not named]
+            inner = [quote(named.value), *(_matcher(m) for m in matchers)]
+            if node.matchers.or_matchers:
+                raise ValueError("a quoted metric name cannot be combined with 'or' between matchers")
+            return "{" + ", ".join(inner) + "}"
     groups = [", ".join(_matcher(m) for m in matchers)] if matchers else []
     groups += [", ".join(_matcher(m) for m in alternative) for alternative in node.matchers.or_matchers]
     if not groups:
@@ -91,8 +142,21 @@ def _selector(node: pp.VectorSelector, hooks: Hooks) -> str:
     return f"{name}{{{' or '.join(groups)}}}"
 
 
+def selector_text(metric: str, matchers: Sequence[tuple[str, str, str]] = ()) -> str:
+    """A selector from a metric name and ``(label, op, value)`` matchers, quoted where names need it:
+    ``x{a="b"}``, or ``{"http.server.duration", "http.route"="/x"}`` for a UTF-8 name."""
+    inner = [f"{label_name(label)}{op}{quote(value)}" for label, op, value in matchers]
+    if not is_legacy_metric(metric):
+        return "{" + ", ".join([quote(metric), *inner]) + "}"
+    return f"{metric}{{{', '.join(inner)}}}" if inner else metric
+
+
+def _names_metric(matcher: pp.Matcher) -> bool:
+    return matcher.name == "__name__" and match_op(matcher) == "="
+
+
 def _matcher(matcher: pp.Matcher) -> str:
-    return f"{matcher.name}{match_op(matcher)}{quote(matcher.value)}"
+    return f"{label_name(matcher.name)}{match_op(matcher)}{quote(matcher.value)}"
 
 
 def _modifiers(offset: timedelta | None, at: pp.AtModifier | None) -> str:
@@ -117,7 +181,11 @@ def _aggregate(node: pp.AggregateExpr, hooks: Hooks) -> str:
     if modifier is None:
         return f"{node.op}({arguments})"
     clause = "by" if modifier.type == pp.AggModifierType.By else "without"
-    return f"{node.op} {clause} ({_labels(modifier.labels, hooks)}) ({arguments})"
+    dropped = hooks.drop.get(id(node), frozenset()) if clause == "by" else frozenset()
+    labels = [label for label in modifier.labels if label not in dropped]
+    if clause == "without":
+        labels += [label for label in hooks.ignored if label not in labels]
+    return f"{node.op} {clause} ({_labels(labels, hooks)}) ({arguments})"
 
 
 def _matching(modifier: pp.BinModifier | None, hooks: Hooks) -> str:
@@ -126,7 +194,10 @@ def _matching(modifier: pp.BinModifier | None, hooks: Hooks) -> str:
     text = " bool" if modifier.return_bool else ""
     if modifier.matching is not None:
         clause = "on" if modifier.matching.type == pp.LabelModifierType.Include else "ignoring"
-        text += f" {clause} ({_labels(modifier.matching.labels, hooks)})"
+        labels = list(modifier.matching.labels)
+        if clause == "ignoring":
+            labels += [label for label in hooks.ignored if label not in labels]
+        text += f" {clause} ({_labels(labels, hooks)})"
     if modifier.group_labels is not None:
         side = "group_left" if modifier.card == pp.VectorMatchCardinality.ManyToOne else "group_right"
         text += f" {side} ({_labels(modifier.group_labels, hooks)})"
@@ -134,7 +205,7 @@ def _matching(modifier: pp.BinModifier | None, hooks: Hooks) -> str:
 
 
 def _labels(labels: list[str], hooks: Hooks) -> str:
-    return ", ".join(hooks.label(label) for label in labels)
+    return ", ".join(label_name(hooks.label(label)) for label in labels)
 
 
 def _duration(value: timedelta) -> str:

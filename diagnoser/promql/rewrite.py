@@ -22,10 +22,13 @@ from functools import lru_cache
 import promql_parser as pp
 
 from diagnoser.errors import ExpressionError
-from diagnoser.promql.printer import Hooks, quote, render
-from diagnoser.promql.syntax import match_op, metric_names, parse, selector_name, walk
+from diagnoser.promql.printer import Hooks, render, selector_text
+from diagnoser.promql.syntax import grouping_labels, match_op, metric_names, parse, selector_name, walk
 
-__all__ = ["Replacement", "rename_metrics", "rewrite"]
+__all__ = ["TYPE_AND_UNIT_LABELS", "Replacement", "rename_metrics", "rewrite", "without_type_and_unit"]
+
+#: Labels Prometheus 3 adds with its type-and-unit-labels feature: metadata, not identity.
+TYPE_AND_UNIT_LABELS = ("__type__", "__unit__")
 
 _HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
@@ -86,10 +89,7 @@ def _same(label: str) -> str:
 
 def _replaced(node: pp.VectorSelector, replacement: Replacement) -> str:
     own = [(m.name, match_op(m), m.value) for m in node.matchers.matchers if m.name != "__name__"]
-    matchers = [*replacement.matchers, *own]
-    if not matchers:
-        return replacement.metric
-    return replacement.metric + "{" + ", ".join(f"{n}{op}{quote(v)}" for n, op, v in matchers) + "}"
+    return selector_text(replacement.metric, [*replacement.matchers, *own])
 
 
 def _value_node(node: pp.VectorSelector, ancestors: tuple[pp.Expr, ...], buckets: bool) -> pp.Expr:
@@ -140,3 +140,14 @@ def _rename(query: str, overrides: tuple[tuple[str, str], ...]) -> str:
         return Replacement(metric=new) if new is not None else None
 
     return rewrite(query, replace)
+
+
+@lru_cache(maxsize=1024)
+def without_type_and_unit(query: str) -> str:
+    """``query`` with Prometheus 3's ``__type__`` and ``__unit__`` added to each ``without`` and
+    ``ignoring`` clause, so that a series' type and unit never split an aggregation or a join (a
+    no-op where the server has no such labels); unchanged when it has neither clause."""
+    clauses = grouping_labels(query)
+    if "without" not in clauses and "ignoring" not in clauses:
+        return query
+    return render(parse(query), Hooks(ignored=TYPE_AND_UNIT_LABELS))

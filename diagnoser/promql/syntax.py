@@ -28,7 +28,9 @@ __all__ = [
     "metric_names",
     "parse",
     "parse_selector",
+    "reach_seconds",
     "selector_name",
+    "short_subqueries",
     "walk",
 ]
 
@@ -146,10 +148,53 @@ def is_selector(query: str) -> bool:
 def parse_selector(text: str) -> tuple[str, list[tuple[str, str, str]]]:
     """A named selector's metric and its matchers as ``(label, op, value)``; ``ValueError`` otherwise."""
     node = parse(text)
-    if not isinstance(node, pp.VectorSelector) or not node.name or node.offset or node.at:
+    name = selector_name(node) if isinstance(node, pp.VectorSelector) else None
+    if not isinstance(node, pp.VectorSelector) or name is None or node.offset or node.at:
         raise ValueError(f"{text!r} is not a metric selector like name or name{{label=\"value\"}}")
     if node.matchers.or_matchers:
         raise ValueError(f"{text!r}: 'or' between matchers is not supported")
-    return str(node.name), [(m.name, match_op(m), m.value) for m in node.matchers.matchers]
+    own = [m for m in node.matchers.matchers if not (m.name == "__name__" and match_op(m) == "=")]
+    return name, [(m.name, match_op(m), m.value) for m in own]
 
 
+
+
+@lru_cache(maxsize=2048)
+def reach_seconds(query: str) -> float:
+    """How far before the instant ``query`` reads: its longest range or subquery plus offsets."""
+    furthest = 0.0
+
+    def visit(node: pp.Expr, ancestors: tuple[pp.Expr, ...]) -> None:
+        nonlocal furthest
+        if not isinstance(node, pp.VectorSelector):
+            return
+        back = _offset_s(node.offset)
+        for ancestor in ancestors:
+            if isinstance(ancestor, pp.MatrixSelector):
+                back += ancestor.range.total_seconds()
+            elif isinstance(ancestor, pp.SubqueryExpr):
+                ranged = ancestor.range.total_seconds() if ancestor.range else 0.0
+                back += ranged + _offset_s(ancestor.offset)
+        furthest = max(furthest, back)
+
+    walk(parse(query), visit)
+    return furthest
+
+
+def _offset_s(offset: Any) -> float:
+    return max(offset.total_seconds(), 0.0) if offset is not None else 0.0
+
+
+def short_subqueries(query: str) -> list[tuple[float, float]]:
+    """``(range, step)`` in seconds of each subquery that spans fewer than two steps. Prometheus 3
+    reads ranges left-open, so ``x[1m:1m]`` holds one point and ``rate``/``deriv`` over it nothing."""
+    found: list[tuple[float, float]] = []
+
+    def visit(node: pp.Expr, _: tuple[pp.Expr, ...]) -> None:
+        if isinstance(node, pp.SubqueryExpr) and node.step is not None and node.range is not None:
+            span, step = node.range.total_seconds(), node.step.total_seconds()
+            if step > 0 and span < 2 * step:
+                found.append((span, step))
+
+    walk(parse(query), visit)
+    return found

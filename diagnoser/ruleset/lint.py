@@ -2,7 +2,8 @@
 
 Schema problems are found when rules load. Lint adds:
 
-- static checks, always: a query the PromQL parser cannot read, a rule that names a metric of
+- static checks, always: a query the PromQL parser cannot read, a subquery spanning fewer than
+  two of its steps (one point on Prometheus 3, whose ranges are left-open), a rule that names a metric of
   the signal catalogue directly (it then misses every other convention: name the signal
   instead), and a title, summary or recommendation field naming a label the rule's series may
   lack (``{namespace}`` on series scraped outside Kubernetes: use ``{subject}``);
@@ -20,7 +21,7 @@ from datetime import UTC, datetime
 from diagnoser.config import Settings
 from diagnoser.errors import PromqlSyntaxError
 from diagnoser.models import SourceError
-from diagnoser.promql import grouping_labels, metric_names
+from diagnoser.promql import format_duration, grouping_labels, metric_names, short_subqueries
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, optional_clauses, resolve_placeholders
 from diagnoser.signals import load_catalogue
@@ -52,6 +53,11 @@ def lint_static(ruleset: RuleSet, settings: Settings) -> list[str]:
             except PromqlSyntaxError as exc:
                 problems.append(f"{where}: {exc}")
                 continue
+            problems.extend(
+                f"{where}: a subquery of {format_duration(span)} at {format_duration(step)} steps holds one "
+                "point on Prometheus 3 (ranges are left-open): span at least two steps"
+                for span, step in short_subqueries(query)
+            )
             if named:
                 problems.append(
                     f"{where}: names {', '.join(named)} directly: refer to the signal instead "

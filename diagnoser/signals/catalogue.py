@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -40,7 +40,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.errors import ConfigError
-from diagnoser.promql import parse_selector, quote
+from diagnoser.promql import parse_selector, selector_text
+from diagnoser.signals.otlp import escape_label, spellings
 from diagnoser.signals.resources import Resource, ResourceSpec, resource_from_spec
 from diagnoser.yamlfile import load_yaml
 
@@ -89,13 +90,13 @@ class Form:
     scale: float = 1.0
     #: Said in the evidence whenever this form answered (``includes pool wait``).
     note: str | None = None
+    #: For an OpenTelemetry convention: the escaped names this form has under every OTLP
+    #: translation strategy (:func:`diagnoser.signals.otlp.spellings`); empty: its name only.
+    spellings: frozenset[str] = frozenset()
 
     def selector(self, suffix: str = "") -> str:
         """The PromQL selector of this form's series (``suffix``: a histogram's ``_bucket``...)."""
-        if not self.matchers:
-            return f"{self.metric}{suffix}"
-        inside = ", ".join(f"{label}{op}{quote(value)}" for label, op, value in self.matchers)
-        return f"{self.metric}{suffix}{{{inside}}}"
+        return selector_text(f"{self.metric}{suffix}", self.matchers)
 
 
 class _FormSpec(_Strict):
@@ -112,6 +113,9 @@ class _ConventionSpec(_Strict):
     #: Metric names that must all exist for this convention to count as present (default: the
     #: names a query needs), to tell apart conventions that share some names.
     detect: list[str] = Field(default_factory=list)
+    #: OpenTelemetry's names: found under all four OTLP translation strategies (signals/otlp.py).
+    #: Default: the convention's name says so (``otel-http``, ``otelsql``, ``go-redis-redisotel``).
+    otel: bool | None = None
     signals: dict[str, str | _FormSpec]
 
 
@@ -139,6 +143,8 @@ class Convention:
     labels: Mapping[str, str]
     forms: Mapping[str, Form]
     detect: tuple[str, ...] = ()
+    #: Its names are OpenTelemetry's: each form also answers under the other OTLP spellings.
+    otel: bool = False
 
     def source_label(self, normalised: str) -> str:
         """The convention's name for a normalised label (``pool`` -> ``db_client_connection_pool_name``)."""
@@ -149,6 +155,9 @@ class Convention:
         for normalised, own in self.labels.items():
             if own == source:
                 return normalised
+        if self.otel:  # http.route where the convention says http_route
+            escaped = escape_label(source)
+            return next((n for n, own in self.labels.items() if own == escaped), None)
         return None
 
 
@@ -162,10 +171,16 @@ class Catalogue:
     resources: list[Resource] = field(default_factory=list)
     #: Rule queries already instantiated, by (template, convention name): every evaluation
     #: expands the same templates (filled by :func:`diagnoser.signals.expand.expansions`).
-    expanded: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
+    expanded: dict[tuple[object, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def convention(self, name: str) -> Convention | None:
         return next((c for c in self.conventions if c.name == name), None)
+
+    def otel_spellings(self) -> frozenset[str]:
+        """Every escaped name an OpenTelemetry convention's forms have under any strategy."""
+        return frozenset(
+            name for c in self.conventions for form in c.forms.values() for name in form.spellings
+        )
 
     def metric_names(self) -> set[str]:
         """Every metric name any convention uses, histogram series included."""
@@ -177,9 +192,10 @@ class Catalogue:
 
 
 def series_names(form: Form, signal: SignalDef) -> list[str]:
-    """The series names a form stands for: a histogram's ``_bucket``, ``_sum`` and ``_count``."""
+    """The series names a form stands for: a histogram's ``_bucket``, ``_sum`` and ``_count``, and
+    its own name, under which Prometheus 3 keeps it as a native histogram."""
     if signal.type == "histogram":
-        return [f"{form.metric}_{part}" for part in ("bucket", "sum", "count")]
+        return [form.metric, *(f"{form.metric}_{part}" for part in ("bucket", "sum", "count"))]
     return [form.metric]
 
 
@@ -198,6 +214,19 @@ def _form(signal: str, spec: str | _FormSpec, definition: SignalDef, where: str)
         scale = TIME_UNITS[unit]
     note = spec.note if isinstance(spec, _FormSpec) else None
     return Form(metric=metric, matchers=tuple(matchers), scale=scale, note=note)
+
+
+def _otel_form(form: Form, definition: SignalDef) -> Form:
+    """``form`` with the names it has under every OTLP translation strategy."""
+    unit = (
+        next((u for u, scale in TIME_UNITS.items() if scale == form.scale), "")
+        if definition.unit == "seconds"
+        else ""
+    )
+    names = spellings(form.metric, unit)
+    if definition.type == "histogram":
+        names |= {f"{name}{part}" for name in names for part in ("_bucket", "_count", "_sum")}
+    return replace(form, spellings=names)
 
 
 def _unit_in_name(metric: str) -> str | None:
@@ -223,9 +252,7 @@ def _read(path: Path) -> _FileSpec:
     try:
         return _FileSpec.model_validate(document or {})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"{path}: invalid signal catalogue: {problems}") from exc
 
 
@@ -261,19 +288,24 @@ def load_catalogue(extra: tuple[Path, ...] = ()) -> Catalogue:
             unknown = sorted(set(convention_spec.signals) - set(catalogue.signals))
             if unknown:
                 raise ConfigError(f"{where}: unknown signal(s) {unknown}; known: {sorted(catalogue.signals)}")
+            otel = convention_spec.otel
+            if otel is None:
+                otel = "otel" in convention_spec.name
+            forms = {
+                name: _form(name, form, catalogue.signals[name], where)
+                for name, form in convention_spec.signals.items()
+            }
+            if otel:
+                forms = {name: _otel_form(form, catalogue.signals[name]) for name, form in forms.items()}
             convention = Convention(
                 name=convention_spec.name,
                 title=convention_spec.title,
                 labels={"service": "job", **convention_spec.labels},
-                forms={
-                    name: _form(name, form, catalogue.signals[name], where)
-                    for name, form in convention_spec.signals.items()
-                },
+                forms=forms,
                 detect=tuple(convention_spec.detect),
+                otel=otel,
             )
-            index = next(
-                (i for i, c in enumerate(catalogue.conventions) if c.name == convention.name), None
-            )
+            index = next((i for i, c in enumerate(catalogue.conventions) if c.name == convention.name), None)
             if index is None:
                 catalogue.conventions.append(convention)
             else:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from diagnoser.errors import PromqlSyntaxError
-from diagnoser.promql import Replacement, grouping_labels, parse, rewrite
+from diagnoser.promql import Replacement, grouping_labels, held, parse, rewrite
 from diagnoser.signals.catalogue import Catalogue, Convention, Form
+from diagnoser.signals.holdings import Holdings, resolve
 
 __all__ = [
     "Expansion",
@@ -121,20 +122,54 @@ def required_metrics(template: str, convention: Convention) -> set[str] | None:
 
 
 def expansions(
-    template: str, catalogue: Catalogue, present: set[str] | None = None
+    template: str, catalogue: Catalogue, present: set[str] | frozenset[str] | Holdings | None = None
 ) -> list[Expansion]:
-    """The query for each convention that has its signals (and, given ``present``, its metrics)."""
-    found = []
-    for convention in catalogue.conventions:
+    """The query for each convention that has its signals (and, given ``present``, its metrics).
+
+    Given :class:`~diagnoser.signals.holdings.Holdings`, an OpenTelemetry convention is matched
+    in whichever OTLP spelling the server holds (:func:`~diagnoser.signals.holdings.resolve`);
+    two conventions that then read the same series with the same labels give one expansion.
+    """
+    held_now: Holdings | None = None
+    names: set[str] | frozenset[str] | None = None
+    if isinstance(present, Holdings):
+        held_now, names = present, present.names
+    else:
+        names = present
+    candidates: list[tuple[Convention, Convention, tuple[str, ...], tuple[object, ...]]] = []
+    for catalogued in catalogue.conventions:
+        convention = resolve(catalogued, held_now) if held_now is not None else catalogued
         needed = required_metrics(template, convention)
-        if needed is None or (present is not None and not needed <= present):
+        # A histogram's series count as present when the family is held as a native histogram:
+        # the source reads them as such (diagnoser.promql.read_histograms).
+        if needed is None or (names is not None and not all(held(name, names) for name in needed)):
             continue
-        key = (template, convention.name)
+        metrics = tuple(sorted(needed))
+        reads: tuple[object, ...] = (
+            metrics, tuple(sorted(convention.labels.items())), _forms_read(template, convention)
+        )  # fmt: skip
+        candidates.append((catalogued, convention, metrics, reads))
+    # A convention that names the series as they are beats one that reaches the same series by
+    # another OTLP spelling (otel-http-client-js's http_client_request_duration over otel-http-client's).
+    exact = {metrics for catalogued, convention, metrics, _ in candidates if convention is catalogued}
+    found = []
+    seen: set[tuple[object, ...]] = set()
+    for catalogued, convention, metrics, reads in candidates:
+        if reads in seen or (convention is not catalogued and metrics in exact):
+            continue
+        seen.add(reads)
+        key = (template, convention.name, *([] if convention is catalogued else [reads]))
         expansion = catalogue.expanded.get(key)
         if expansion is None:
             expansion = catalogue.expanded[key] = _expand(template, convention)
         found.append(expansion)
     return found
+
+
+def _forms_read(template: str, convention: Convention) -> tuple[object, ...]:
+    return tuple(
+        (convention.forms[name].metric, convention.forms[name].matchers) for name, _ in references(template)
+    )
 
 
 def _expand(template: str, convention: Convention) -> Expansion:
@@ -158,7 +193,12 @@ def _expand(template: str, convention: Convention) -> Expansion:
 
 
 def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[str, str]:
-    """An answer's labels under their normalised names (``job`` is kept beside ``service``)."""
+    """An answer's labels under their normalised names (``job`` is kept beside ``service``).
+
+    A ``job`` of ``namespace/name`` is how Prometheus' OTLP receiver writes an OpenTelemetry
+    resource's ``service.namespace`` and ``service.name``: the service is the name, and the
+    namespace the namespace where the series carry none of their own.
+    """
     out: dict[str, str] = {}
     for key, value in labels.items():
         normalised = convention.normalised_label(key)
@@ -167,6 +207,12 @@ def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[
             if key != "job":
                 continue
         out.setdefault(key, value)
+    job = labels.get("job", "")
+    if out.get("service") == job and job.count("/") == 1 and convention.otel:
+        namespace, _, name = job.partition("/")
+        out["service"] = name
+        if namespace:
+            out.setdefault("namespace", namespace)
     return out
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
+from diagnoser.signals.otlp import escape_metric
 from diagnoser.signals.resources import Resource
 from diagnoser.signals.shapes import (
     PEER_LABELS,
@@ -40,7 +41,7 @@ from diagnoser.signals.shapes import (
     tokens,
 )
 
-__all__ = ["Lookalike", "Recognition", "candidate_series", "recognise", "unitless_histograms"]
+__all__ = ["Lookalike", "Recognition", "candidate_series", "labels_key", "recognise", "unitless_histograms"]
 
 CAVEAT = "recognised by its shape, not by a catalogued convention: check that the metric means this"
 _ROUTE_LABELS = ("http_route", "route", "handler", "path", "endpoint", "uri", "method_name")
@@ -126,15 +127,25 @@ class Recognition:
 
 
 def _unclaimed(
-    names: Iterable[str], catalogue: Catalogue, metadata: Mapping[str, Mapping[str, str]]
+    names: Iterable[str],
+    catalogue: Catalogue,
+    metadata: Mapping[str, Mapping[str, str]],
+    native: Iterable[str] = (),
 ) -> dict[str, Family]:
     """The families of ``names`` none of whose series a convention or catalogued resource reads."""
     claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))
+    spelt = catalogue.otel_spellings()  # an OpenTelemetry convention's other OTLP spellings
     return {
         name: family
-        for name, family in families_of(names, metadata).items()
-        if not set(family.series) & claimed
+        for name, family in families_of(names, metadata, native).items()
+        if not set(family.series) & claimed and not {escape_metric(s) for s in family.series} & spelt
     }
+
+
+def labels_key(family: Family) -> str:
+    """The series whose labels stand for a duration family's: its ``_count``, or a native
+    histogram's own series."""
+    return family.name if family.histogram == "native" else f"{family.name}_count"
 
 
 def candidate_series(
@@ -144,7 +155,7 @@ def candidate_series(
     duration family, each limit of a count, and the gauges of the same exporter that could be
     what it limits or its queue. On a Prometheus without such families, none (and no query)."""
     families = _unclaimed(names, catalogue, metadata)
-    wanted = [f"{f.name}_count" for f in families.values() if is_duration(f)]
+    wanted = [labels_key(f) for f in families.values() if is_duration(f)]
     limits = [f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None]
     exporters = {tokens(name)[0] for name in limits}
     wanted += limits
@@ -173,7 +184,7 @@ def unitless_histograms(families: Mapping[str, Family]) -> list[str]:
     return sorted(
         f"{f.name}_bucket"
         for f in families.values()
-        if f.type == "histogram" and is_duration(f) and time_unit(f)[0] is None
+        if f.type == "histogram" and f.histogram != "native" and is_duration(f) and time_unit(f)[0] is None
     )
 
 
@@ -183,21 +194,21 @@ def recognise(
     labels: Mapping[str, frozenset[str]],
     catalogue: Catalogue,
     bucket_bounds: Mapping[str, float] | None = None,
+    native: Iterable[str] = (),
 ) -> Recognition:
     """Recognise the unclaimed families of ``names``.
 
     ``labels`` holds the label names of one series per candidate (:func:`candidate_series`);
-    ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``.
+    ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``;
+    ``native`` the names whose samples are native histograms.
     """
-    families = _unclaimed(names, catalogue, metadata)
+    families = _unclaimed(names, catalogue, metadata, native)
     conventions: list[Convention] = []
     lookalikes: list[Lookalike] = []
     for family in families.values():
         if not is_duration(family):
             continue
-        found = _duration_convention(
-            family, labels.get(f"{family.name}_count"), catalogue, bucket_bounds or {}
-        )
+        found = _duration_convention(family, labels.get(labels_key(family)), catalogue, bucket_bounds or {})
         if isinstance(found, Lookalike):
             if found.looks_like != "duration":  # a duration of no request at all (GC, scrapes) is no miss
                 lookalikes.append(found)
@@ -232,7 +243,7 @@ def _duration_convention(
     where = side(family, labels)
     unit, unit_how = _unit(family, bounds)
     scale = TIME_UNITS[unit]
-    shape = f"{family.type} {family.name}"
+    shape = f"{'native ' if family.histogram == 'native' else ''}{family.type} {family.name}"
     if where == "client":
         if "dependency.duration" not in catalogue.signals:
             return Lookalike(family.name, "client duration", "no dependency.duration signal in the catalogue")

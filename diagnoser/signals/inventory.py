@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from diagnoser.models import SourceError
-from diagnoser.promql import quote
-from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form, series_names
+from diagnoser.promql import held, kind_from_names, label_name, quote
+from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
+from diagnoser.signals.holdings import holdings, resolve
 from diagnoser.signals.infer import Lookalike, Recognition
+from diagnoser.signals.otlp import escape_label
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.resources import Resource
 from diagnoser.signals.shapes import STATUS_LABELS
@@ -40,6 +42,8 @@ class Recognised:
     unit: str
     labels: dict[str, str]
     caveat: str | None = None
+    #: How Prometheus holds a histogram: ``classic`` (``_bucket`` series), ``native`` or ``both``.
+    histogram: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def _unit(form: Form, catalogue: Catalogue, signal: str) -> str:
 async def _services(
     source: PrometheusSource, selector: str, label: str, at: datetime
 ) -> list[str] | SourceError:
-    samples = await source.query(f"group by ({label}) ({selector})", at)
+    samples = await source.query(f"group by ({label_name(label)}) ({selector})", at)
     if isinstance(samples, SourceError):
         return samples
     return sorted({s.labels.get(label, "") for s in samples} - {""})
@@ -83,22 +87,38 @@ def _present_forms(
         (convention, signal, form)
         for convention in conventions
         for signal, form in convention.forms.items()
-        if signal in catalogue.signals and set(series_names(form, catalogue.signals[signal])) <= names
+        if signal in catalogue.signals and _present(form, catalogue.signals[signal].type, names)
     ]
+
+
+def _present(form: Form, kind: str, names: set[str]) -> bool:
+    """A form's series are there: a gauge's or counter's name; a histogram's classic series, or
+    its own name as a native histogram."""
+    if kind != "histogram":
+        return held(form.metric, names)
+    return kind_from_names(form.metric, names) is not None
 
 
 def _presence(form: Form, histogram: bool) -> str:
     """The selector of a form's series, status matchers left out: a service that had no 5xx has
     its errors signal all the same."""
-    kept = tuple(m for m in form.matchers if m[0] not in STATUS_LABELS)
+    kept = tuple(m for m in form.matchers if escape_label(m[0]) not in STATUS_LABELS)
     return Form(metric=form.metric, matchers=kept).selector("_count" if histogram else "")
 
 
 async def _signal_rows(
-    source: PrometheusSource, catalogue: Catalogue, found: Recognition, names: set[str], at: datetime
+    source: PrometheusSource,
+    catalogue: Catalogue,
+    found: Recognition,
+    names: set[str],
+    at: datetime,
+    lookback_s: float,
 ) -> tuple[list[Recognised], list[SourceError]]:
     inferred = {c.name for c in found.conventions}
-    present = _present_forms(catalogue, [*catalogue.conventions, *found.conventions], names)
+    # OpenTelemetry conventions in whichever OTLP spelling the server holds them.
+    held_now = await holdings(source, catalogue, names, at, lookback_s)
+    catalogued = [resolve(c, held_now) for c in catalogue.conventions]
+    present = _present_forms(catalogue, [*catalogued, *found.conventions], names)
     selectors = [
         _presence(form, catalogue.signals[signal].type == "histogram") for _, signal, form in present
     ]
@@ -129,6 +149,11 @@ async def _signal_rows(
                     unit=_unit(form, catalogue, signal),
                     labels=dict(convention.labels),
                     caveat=form.note,
+                    histogram=(
+                        kind_from_names(form.metric, names)
+                        if catalogue.signals[signal].type == "histogram"
+                        else None
+                    ),
                 )
             )
     return rows, errors
@@ -196,7 +221,7 @@ async def inventory(
     if isinstance(found, SourceError):
         return Inventory(errors=[found])
     signals, resources, missed = await asyncio.gather(
-        _signal_rows(source, catalogue, found, names, at),
+        _signal_rows(source, catalogue, found, names, at, lookback_s),
         _resource_rows(source, found.resources, at),
         _unrecognised_rows(source, found.lookalikes, names, at),
     )

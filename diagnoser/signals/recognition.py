@@ -2,11 +2,13 @@
 
 :func:`recognition` asks the source for the metric names (the list every signal check already
 shares), ``/api/v1/metadata``, and then, only for the few families recognition needs to look at,
-one instant query for a series' labels per family and, for histograms without a unit, one for
-their bucket bounds. The result is kept by the source for the instant, so rules never pay a round
-trip of their own. A metadata endpoint that fails or answers nothing (VictoriaMetrics, backfilled
-data) leaves recognition to the names; a failing query leaves the families it was about
-unrecognised (listed as look-alikes), never the rule failed.
+one instant query for a series' labels per family, one for the names that may hold native
+histograms (whose samples, not their names, say so: ``histogram_count`` answers only for native
+histogram samples) and, for histograms without a unit, one for their bucket bounds. The result is
+kept by the source for the instant, so rules never pay a round trip of their own. A metadata
+endpoint that fails or answers nothing (VictoriaMetrics, backfilled data) leaves recognition to
+the names; a failing query leaves the families it was about unrecognised (listed as look-alikes),
+never the rule failed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from diagnoser.models import SourceError
 from diagnoser.promql import quote
 from diagnoser.signals.catalogue import Catalogue
 from diagnoser.signals.infer import Recognition, candidate_series, recognise, unitless_histograms
-from diagnoser.signals.shapes import families_of
+from diagnoser.signals.shapes import families_of, native_candidates
 from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["recognition"]
@@ -38,6 +40,27 @@ async def _label_sets(source: PrometheusSource, names: list[str], at: datetime) 
     if isinstance(samples, SourceError):
         return {}
     return {s.labels.get("__name__", ""): frozenset(s.labels) - {"__name__"} for s in samples}
+
+
+#: The label the native-histogram query copies each series' name into (``histogram_count`` drops it).
+_FAMILY_LABEL = "diagnoser_family"
+
+
+async def _native_label_sets(
+    source: PrometheusSource, names: list[str], at: datetime
+) -> dict[str, frozenset[str]]:
+    """The label names of one series of each of ``names`` that holds native histograms."""
+    if not names:
+        return {}
+    named = f'label_replace({_name_matcher(names)}, "{_FAMILY_LABEL}", "$1", "__name__", "(.+)")'
+    samples = await source.query(f"topk by ({_FAMILY_LABEL}) (1, histogram_count({named}))", at)
+    if isinstance(samples, SourceError):
+        return {}
+    return {
+        s.labels[_FAMILY_LABEL]: frozenset(s.labels) - {"__name__", _FAMILY_LABEL}
+        for s in samples
+        if _FAMILY_LABEL in s.labels
+    }
 
 
 async def _bucket_bounds(source: PrometheusSource, names: list[str], at: datetime) -> dict[str, float]:
@@ -72,9 +95,11 @@ async def recognition(
         wanted = candidate_series(names, described, catalogue)
         families = families_of(names, described)
         durations = {n: f for n, f in families.items() if f"{n}_count" in wanted}
-        labels, bounds = await asyncio.gather(
-            _label_sets(source, wanted, at), _bucket_bounds(source, unitless_histograms(durations), at)
+        labels, native, bounds = await asyncio.gather(
+            _label_sets(source, wanted, at),
+            _native_label_sets(source, native_candidates(names, described), at),
+            _bucket_bounds(source, unitless_histograms(durations), at),
         )
-        return recognise(names, described, labels, catalogue, bounds)
+        return recognise(names, described, {**labels, **native}, catalogue, bounds, native=set(native))
 
     return await source.shared(("recognition", at.timestamp(), lookback_s, id(catalogue)), ask)

@@ -2,15 +2,16 @@
 
 Pure functions over names and label sets, used by :mod:`diagnoser.signals.infer`: families are
 grouped from series names (``x_bucket`` with ``x_count`` and ``x_sum`` is a histogram, ``x_count``
-with ``x_sum`` a summary, ``x_total`` a counter), typed by ``/api/v1/metadata`` when Prometheus has
-it for the family, and their names split into tokens to read what they measure (a time unit, a
+with ``x_sum`` a summary, ``x_total`` a counter; a series ``x`` whose samples are native
+histograms, as Prometheus 3 keeps them, a native histogram), typed by ``/api/v1/metadata`` when
+Prometheus has it for the family, and their names split into tokens to read what they measure (a time unit, a
 client or server side, a limit, a queue, refusals).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "CLIENT_TOKENS",
@@ -19,6 +20,7 @@ __all__ = [
     "Family",
     "families_of",
     "limit_parts",
+    "native_candidates",
     "time_unit",
     "tokens",
 ]
@@ -81,11 +83,16 @@ class Family:
     typed_by: str
     unit: str = ""
     help: str = ""
+    #: For a histogram: ``classic`` (``_bucket`` series), ``native`` (one series of histograms) or ``both``.
+    histogram: str = ""
 
     @property
     def series(self) -> tuple[str, ...]:
         if self.type == "histogram":
-            return (f"{self.name}_bucket", f"{self.name}_count", f"{self.name}_sum")
+            classic = (f"{self.name}_bucket", f"{self.name}_count", f"{self.name}_sum")
+            if self.histogram == "native":
+                return (self.name,)
+            return (self.name, *classic) if self.histogram == "both" else classic
         if self.type == "summary":
             return (self.name, f"{self.name}_count", f"{self.name}_sum")
         return (self.name,)
@@ -95,17 +102,32 @@ def tokens(name: str) -> list[str]:
     return [part for part in name.lower().split("_") if part]
 
 
-def families_of(names: Iterable[str], metadata: Mapping[str, Mapping[str, str]]) -> dict[str, Family]:
-    """Every family the series names make up; ``metadata`` (family -> type, unit, help) refines."""
+def families_of(
+    names: Iterable[str], metadata: Mapping[str, Mapping[str, str]], native: Iterable[str] = ()
+) -> dict[str, Family]:
+    """Every family the series names make up; ``metadata`` (family -> type, unit, help) refines.
+
+    ``native`` names the series known to hold native histograms (their samples said so); a name
+    that metadata types ``histogram`` and that has no ``_bucket`` series is one too.
+    """
     present = set(names)
+    natives = {n for n in present if n in set(native) or _native_by_metadata(n, present, metadata)}
     families: dict[str, Family] = {}
     grouped: set[str] = set()
     for name in sorted(present):
         if name.endswith("_count") and f"{name[:-6]}_sum" in present:
             base = name[:-6]
             shape = "histogram" if f"{base}_bucket" in present else "summary"
-            families[base] = _family(base, shape, metadata)
+            family = _family(base, shape, metadata)
+            if family.type == "histogram":
+                family = replace(family, histogram="both" if base in natives else "classic")
+            families[base] = family
             grouped.update((name, f"{base}_sum", f"{base}_bucket"))
+    for name in sorted(natives - grouped):
+        if name not in families:
+            family = _family(name, "histogram", metadata)
+            typed_by = family.typed_by if family.typed_by == "metadata" else "samples"
+            families[name] = replace(family, type="histogram", histogram="native", typed_by=typed_by)
     for name in sorted(present - grouped):
         if name in families:
             continue
@@ -115,12 +137,32 @@ def families_of(names: Iterable[str], metadata: Mapping[str, Mapping[str, str]])
     return families
 
 
+def _native_by_metadata(name: str, present: set[str], metadata: Mapping[str, Mapping[str, str]]) -> bool:
+    meta = metadata.get(name) or {}
+    return meta.get("type") == "histogram" and f"{name}_bucket" not in present
+
+
 def _family(name: str, shape: str, metadata: Mapping[str, Mapping[str, str]]) -> Family:
     meta = metadata.get(name) or {}
     kind = str(meta.get("type") or "")
     if kind in ("histogram", "summary", "counter", "gauge"):
         return Family(name, kind, "metadata", str(meta.get("unit") or ""), str(meta.get("help") or ""))
     return Family(name, shape, "name")
+
+
+def native_candidates(names: Iterable[str], metadata: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Names that may hold native histograms of durations, whose samples must say: a name with no
+    classic part of its own (``_bucket``, ``_count``, ``_sum``, ``_total``) that metadata does not
+    type as something else, and that reads as a duration."""
+    found = []
+    for family in families_of(names, metadata).values():
+        if family.type not in ("gauge", "histogram") or (family.type == "histogram" and family.histogram):
+            continue
+        if family.typed_by == "metadata" and family.type != "histogram":
+            continue
+        if time_unit(family)[0] is not None or _DURATION_TOKENS & set(tokens(family.name)):
+            found.append(family.name)
+    return sorted(found)
 
 
 def time_unit(family: Family) -> tuple[str | None, str]:

@@ -11,11 +11,19 @@ unusable (refused, stuck, not a Prometheus API, credentials rejected) the source
 seconds and answers further queries with the same error instead of asking again. There are no
 retries: a diagnosis runs under one deadline, and backing off on a struggling Prometheus only adds
 load and delay.
+
+Every query is sent as the server holds its histograms: a query written the classic way
+(``x_bucket``, ``x_count``, ``x_sum``) reads a family that Prometheus 3 holds as a native histogram
+through ``histogram_quantile``/``histogram_count``/``histogram_sum`` instead, and one held both
+ways through ``(native or classic)`` (:func:`diagnoser.promql.read_histograms`), decided by the
+metric names at the instant. Answers may carry native histograms (``histogram`` in place of
+``value``): a :class:`Sample` then holds the :class:`NativeHistogram` and its count as value.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import ssl
 import time
@@ -27,13 +35,22 @@ from typing import Any, TypeVar
 import httpx
 
 from diagnoser.config import PrometheusSettings
-from diagnoser.errors import ExpressionError
+from diagnoser.errors import ExpressionError, PromqlSyntaxError
 from diagnoser.models import SourceError
-from diagnoser.promql import rename_metrics
+from diagnoser.promql import (
+    TYPE_AND_UNIT_LABELS,
+    Kind,
+    histogram_bases,
+    kind_from_names,
+    reach_seconds,
+    read_histograms,
+    rename_metrics,
+    without_type_and_unit,
+)
 from diagnoser.redact import redact_url, scrub_text
 from diagnoser.sources.base import SingleFlight
 
-__all__ = ["PrometheusSource", "Sample", "rewrite_metric_names"]
+__all__ = ["HistogramBucket", "NativeHistogram", "PrometheusSource", "Sample", "rewrite_metric_names"]
 
 SOURCE = "prometheus"
 #: Answers kept for sharing between rules: about two diagnoses' worth of distinct queries.
@@ -41,6 +58,9 @@ _SHARED_ANSWERS = 256
 #: How long an endpoint-level failure (refused, not Prometheus, unauthorised) answers for the
 #: endpoint without asking it again: one diagnosis' burst of queries, not the daemon's next run.
 _ENDPOINT_FAILURE_MEMORY_S = 5.0
+
+#: Metric names that decide a histogram's kind are looked up this long before what a query reads.
+_NAMES_LOOKBACK_S = 300.0
 
 #: How much longer the socket waits than the ``timeout=`` Prometheus is given.
 _SERVER_TIMEOUT_SLACK_S = 0.5
@@ -50,11 +70,35 @@ _CLOSING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(frozen=True)
+class HistogramBucket:
+    """One bucket of a native histogram as the query API writes it: bounds, which ends are
+    inclusive (``0`` open left, ``1`` open right, ``2`` open both, ``3`` closed both) and count."""
+
+    boundaries: int
+    lower: float
+    upper: float
+    count: float
+
+
+@dataclass(frozen=True)
+class NativeHistogram:
+    """A native histogram sample: its count, sum and populated buckets."""
+
+    count: float
+    sum: float
+    buckets: tuple[HistogramBucket, ...] = ()
+
+
+@dataclass(frozen=True)
 class Sample:
-    """One series of an instant vector (or a scalar, with no labels)."""
+    """One series of an instant vector (or a scalar, with no labels).
+
+    For a native histogram sample, ``histogram`` holds it and ``value`` is its count.
+    """
 
     labels: dict[str, str]
     value: float
+    histogram: NativeHistogram | None = None
 
     @property
     def is_finite(self) -> bool:
@@ -88,6 +132,8 @@ class PrometheusSource:
         init=False, repr=False, default_factory=lambda: SingleFlight(max_entries=_SHARED_ANSWERS)
     )
     _endpoint_failure: tuple[float, SourceError] | None = field(init=False, repr=False, default=None)
+    #: The text each query was last sent as, by query and instant (histograms read as held).
+    _sent: dict[tuple[str, float], str] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.settings.url:
@@ -177,9 +223,32 @@ class PrometheusSource:
         # Shared answers outlive the rules that gave up on them (shield); closing ends them.
         self._shared.clear()
 
-    def prepare(self, query: str) -> str:
-        """The query as it will be sent: metric names renamed per config."""
+    def prepare(self, query: str, at: datetime | None = None) -> str:
+        """The query as it is sent: metric names renamed per config and, once it was sent for
+        the instant ``at``, histograms read the way the server holds them there."""
+        if at is not None:
+            sent = self._sent.get((query, at.timestamp()))
+            if sent is not None:
+                return sent
         return rewrite_metric_names(query, self.metric_overrides)
+
+    async def _as_held(self, query: str, at: datetime) -> str:
+        """``query`` reading its histograms as the metric names around ``at`` say they are held."""
+        if not histogram_bases(query):
+            return query
+        # The instant's names (the list every rule shares) decide each family's kind. What a query
+        # reads further back (a baseline an hour ago) may predate a change of kind: a family held
+        # native now is read both ways there, which costs no round trip and never counts twice.
+        names = await self.metric_names(at, _NAMES_LOOKBACK_S)
+        if isinstance(names, SourceError):
+            return query  # the query fails or answers as written; the names' error is reported there
+        beyond = reach_seconds(query) > _NAMES_LOOKBACK_S
+
+        def kind(base: str) -> Kind | None:
+            held = kind_from_names(base, names)
+            return "both" if held == "native" and beyond else held
+
+        return read_histograms(query, kind)
 
     async def query(
         self, query: str, at: datetime, timeout_s: float | None = None, *, share: bool = True
@@ -195,6 +264,10 @@ class PrometheusSource:
             prepared = self.prepare(query)
         except ExpressionError as exc:  # metric overrides to apply to a query the parser cannot read
             return SourceError(source=SOURCE, message=f"cannot rename metrics per config: {exc}")
+        # A query the parser cannot read goes as written: Prometheus says what is wrong with it.
+        with contextlib.suppress(PromqlSyntaxError):
+            prepared = without_type_and_unit(await self._as_held(prepared, at))
+        self._remember_sent(query, at, prepared)
         params = {"query": prepared, "time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
 
         async def ask() -> list[Sample] | SourceError:
@@ -219,6 +292,20 @@ class PrometheusSource:
             return await self._call("/api/v1/label/__name__/values", params, timeout, _names_from, None)
 
         return await self._shared.run(("names", at.timestamp(), lookback_s), ask)
+
+    async def label_names(
+        self, match: str, at: datetime, lookback_s: float = 300.0
+    ) -> list[str] | SourceError:
+        """``GET /api/v1/labels?match[]=...``: the label names of the series ``match`` selects in
+        ``[at - lookback_s, at]`` (a Prometheus 3 UTF-8 family's ``http.route``...), shared per instant."""
+        start = at.timestamp() - lookback_s
+        params = {"match[]": match, "start": f"{start:.3f}", "end": f"{at.timestamp():.3f}"}
+        timeout = self.settings.query_timeout_s
+
+        async def ask() -> list[str] | SourceError:
+            return await self._call("/api/v1/labels", params, timeout, _label_names_from, match)
+
+        return await self._shared.run(("labels", match, at.timestamp(), lookback_s), ask)
 
     async def metadata(self, at: datetime) -> dict[str, dict[str, str]] | SourceError:
         """``GET /api/v1/metadata``: type, unit and help per metric family (the first entry of each).
@@ -281,6 +368,11 @@ class PrometheusSource:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             return self._error(f"unexpected result shape from {self.url}: {exc}")
 
+    def _remember_sent(self, query: str, at: datetime, sent: str) -> None:
+        if len(self._sent) >= _SHARED_ANSWERS:
+            self._sent.pop(next(iter(self._sent)))
+        self._sent[(query, at.timestamp())] = sent
+
     def _remembered_failure(self) -> SourceError | None:
         if self._endpoint_failure is None:
             return None
@@ -308,9 +400,7 @@ def _api_data(response: httpx.Response, url: str, query: str | None) -> Any:
         payload = None
     if not isinstance(payload, dict) or payload.get("status") not in ("success", "error"):
         # A login page, a proxy's error page, the wrong port: summarise, never dump the body.
-        raise _EndpointFailure(
-            f"{url} is not a Prometheus API: HTTP {response.status_code} {content_type}"
-        )
+        raise _EndpointFailure(f"{url} is not a Prometheus API: HTTP {response.status_code} {content_type}")
     if payload["status"] == "success" and response.is_success:
         return payload.get("data")
     detail = str(payload.get("error") or payload.get("errorType") or "error")[:300]
@@ -336,17 +426,39 @@ def _samples_from(data: Any) -> list[Sample]:
         raise TypeError(f"result is a {type(result).__name__}, expected a list")
     samples: list[Sample] = []
     for item in result:
-        if "value" not in item:
+        # Prometheus 3's __type__/__unit__ describe a series; they are not who it is.
+        labels = {str(k): str(v) for k, v in item.get("metric", {}).items() if k not in TYPE_AND_UNIT_LABELS}
+        if "value" in item:
+            samples.append(Sample(labels=labels, value=float(item["value"][1])))
+        elif "histogram" in item:  # a native histogram: [ts, {count, sum, buckets}]
+            histogram = native_histogram(item["histogram"][1])
+            samples.append(Sample(labels=labels, value=histogram.count, histogram=histogram))
+        else:
             raise ValueError("a range vector came back: rules must use instant vectors")
-        labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
-        samples.append(Sample(labels=labels, value=float(item["value"][1])))
     return samples
+
+
+def native_histogram(data: Any) -> NativeHistogram:
+    """A native histogram as the query API writes it (``{"count": "3", "sum": "0.5", "buckets":
+    [[boundaries, "lower", "upper", "count"], ...]}``), in ``histogram`` and ``histograms``."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a histogram is a {type(data).__name__}, expected an object")
+    buckets = tuple(
+        HistogramBucket(int(b[0]), float(b[1]), float(b[2]), float(b[3])) for b in data.get("buckets") or ()
+    )
+    return NativeHistogram(count=float(data["count"]), sum=float(data["sum"]), buckets=buckets)
 
 
 def _names_from(data: Any) -> set[str]:
     if not isinstance(data, list):
         raise TypeError(f"label values are a {type(data).__name__}, expected a list")
     return {str(name) for name in data}
+
+
+def _label_names_from(data: Any) -> list[str]:
+    if not isinstance(data, list):
+        raise TypeError(f"label names are a {type(data).__name__}, expected a list")
+    return sorted(str(name) for name in data)
 
 
 def _metadata_from(data: Any) -> dict[str, dict[str, str]]:

@@ -2,6 +2,11 @@
 
 ``values: '0+10x60'`` is 61 samples 0, 10, ..., 600; ``'1x3'`` is 1 1 1 1; ``'_x3'`` is three
 missing samples; ``'1 2 _ 4'`` lists values one by one; ``stale`` is treated as missing.
+Native histograms are written as promtool writes them,
+``{{schema:3 sum:0.5 count:10 z_bucket:0 z_bucket_w:0.001 buckets:[6 4] offset:-45 n_buckets:[]}}``
+(``buckets`` the counts of consecutive buckets from index ``offset``), repeated with ``x3`` or
+grown with ``{{...}}+{{...}}x3`` (bucket by bucket); they become
+:class:`~diagnoser.testing.remote_write.NativeSample` values, written by remote write.
 Samples are ``interval`` apart from a start instant. Series labels are written the PromQL way:
 ``http_requests_total{job="api", code="500"}``.
 """
@@ -14,8 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from diagnoser.errors import NotationError
+from diagnoser.testing.remote_write import NativeSample
 
-__all__ = ["NotationError", "SeriesSpec", "expand_values", "parse_series", "to_openmetrics"]
+__all__ = ["NotationError", "SeriesSpec", "expand_native", "expand_values", "parse_series", "to_openmetrics"]
 
 
 _EXPANDING = re.compile(
@@ -24,6 +30,92 @@ _EXPANDING = re.compile(
 )
 _MISSING_RUN = re.compile(r"^_x(?P<times>\d+)$")
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|Inf|NaN)$")
+
+
+_NATIVE = re.compile(r"\{\{(?P<first>[^}]*)\}\}(?:\+\{\{(?P<step>[^}]*)\}\})?(?:x(?P<times>\d+))?")
+_NATIVE_FIELD = re.compile(r"(\w+):(\[[^\]]*\]|\S+)")
+
+
+def _native(text: str) -> NativeSample:
+    fields = {key: value for key, value in _NATIVE_FIELD.findall(text)}
+    unknown = set(fields) - {
+        "schema",
+        "sum",
+        "count",
+        "z_bucket",
+        "z_bucket_w",
+        "buckets",
+        "offset",
+        "n_buckets",
+        "n_offset",
+    }
+    if unknown:
+        raise NotationError(f"unknown native histogram field(s) {sorted(unknown)} in {{{{{text}}}}}")
+
+    def counts(key: str, offset_key: str) -> tuple[tuple[int, float], ...]:
+        listed = fields.get(key, "[]").strip("[]").split()
+        start = int(fields.get(offset_key, "0"))
+        return tuple((start + i, float(c)) for i, c in enumerate(listed))
+
+    try:
+        return NativeSample(
+            count=float(fields.get("count", "0")), sum=float(fields.get("sum", "0")),
+            schema=int(fields.get("schema", "0")), zero_threshold=float(fields.get("z_bucket_w", "0")),
+            zero_count=float(fields.get("z_bucket", "0")), positive=counts("buckets", "offset"),
+            negative=counts("n_buckets", "n_offset"),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise NotationError(f"cannot read native histogram {{{{{text}}}}}: {exc}") from exc
+
+
+def _grown(first: NativeSample, step: NativeSample, times: int) -> NativeSample:
+    def add(
+        a: tuple[tuple[int, float], ...], b: tuple[tuple[int, float], ...]
+    ) -> tuple[tuple[int, float], ...]:
+        merged = dict(a)
+        for index, count in b:
+            merged[index] = merged.get(index, 0.0) + times * count
+        return tuple(sorted(merged.items()))
+
+    return NativeSample(
+        count=first.count + times * step.count, sum=first.sum + times * step.sum, schema=first.schema,
+        zero_threshold=first.zero_threshold, zero_count=first.zero_count + times * step.zero_count,
+        positive=add(first.positive, step.positive), negative=add(first.negative, step.negative),
+    )  # fmt: skip
+
+
+def expand_native(text: str) -> list[NativeSample | None] | None:
+    """Expand a native-histogram ``values`` text; ``None`` when it holds no ``{{...}}``."""
+    if "{{" not in text:
+        return None
+    values: list[NativeSample | None] = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        if text[position].isspace():
+            position += 1
+            continue
+        match = _NATIVE.match(text, position)
+        if match is None:
+            token = text[position:].split()[0]
+            if token in ("_", "stale"):
+                values.append(None)
+                position += len(token)
+                continue
+            if missing := _MISSING_RUN.match(token):
+                values.extend([None] * int(missing["times"]))
+                position += len(token)
+                continue
+            raise NotationError(f"cannot read {token!r} in native histogram values {text!r}")
+        first = _native(match["first"])
+        times = int(match["times"] or 0)
+        if match["step"] is not None:
+            step = _native(match["step"])
+            values.extend(_grown(first, step, i) for i in range(times + 1))
+        else:
+            values.extend([first] * (times + 1))
+        position = match.end()
+    return values
 
 
 def expand_values(text: str) -> list[float | None]:

@@ -149,7 +149,10 @@ def test_scaling_goes_where_the_value_is_read() -> None:
 
 def test_selectors() -> None:
     assert parse_selector('m{state="used", x!~"a.*"}') == ("m", [("state", "=", "used"), ("x", "!~", "a.*")])
-    for bad in ("rate(m[5m])", "m offset 5m", '{__name__="m"}', "m{"):
+    # A metric named by __name__ (Prometheus 3 writes UTF-8 names so: {"http.server.duration"}).
+    assert parse_selector('{"a.b", "c.d"="1"}') == ("a.b", [("c.d", "=", "1")])
+    assert parse_selector('{__name__="m"}') == ("m", [])
+    for bad in ("rate(m[5m])", "m offset 5m", '{__name__=~"m.*"}', "m{"):
         with pytest.raises(ValueError):
             parse_selector(bad)
     assert is_selector(' m{a="b"} ') and not is_selector("m + 1") and not is_selector("m{")

@@ -1,0 +1,139 @@
+"""Prometheus 3 in PromQL: native histograms read where they are held, UTF-8 names quoted, and the
+OTLP translation strategies' spellings of one catalogued OpenTelemetry metric."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnoser.promql import kind_from_names, normalise, parse, read_histograms, selector_text
+from diagnoser.signals import load_catalogue
+from diagnoser.signals.holdings import Holdings, resolve
+from diagnoser.signals.otlp import escape_label, escape_metric, spellings
+from diagnoser.sources.prometheus import _samples_from
+
+
+def native(_: str) -> str:
+    return "native"
+
+
+def both(_: str) -> str:
+    return "both"
+
+
+@pytest.mark.parametrize(
+    ("query", "kind_of", "expected"),
+    [
+        (
+            "histogram_quantile(0.99, sum by (job, le) (rate(x_bucket[5m])))",
+            native,
+            "histogram_quantile(0.99, sum by (job) (rate(x[5m])))",
+        ),
+        ("sum(rate(x_count[5m]))", native, "sum(histogram_count(rate(x[5m])))"),
+        ("rate(x_sum[5m] offset 1h)", native, "histogram_sum(rate(x[5m] offset 1h))"),
+        ("x_count", native, "histogram_count(x)"),
+        (
+            'rate(x_bucket{le="0.3"}[5m])',
+            native,
+            "(histogram_fraction(-Inf, 0.3, rate(x[5m])) * histogram_count(rate(x[5m])))",
+        ),
+        ("rate(x_count[5m])", both, "(histogram_count(rate(x[5m])) or rate(x_count[5m]))"),
+        # No native equivalent per sample: left as written.
+        ("max_over_time(x_count[5m])", native, "max_over_time(x_count[5m])"),
+        ("rate(x_count[5m])", lambda _: "classic", "rate(x_count[5m])"),
+        ('rate({"a.b_count", "c.d"="1"}[5m])', native, 'histogram_count(rate({"a.b", "c.d"="1"}[5m]))'),
+    ],
+)
+def test_histograms_are_read_as_held(query: str, kind_of: object, expected: str) -> None:
+    assert read_histograms(query, kind_of) == expected  # type: ignore[arg-type]
+    parse(read_histograms(query, kind_of))  # type: ignore[arg-type]
+
+
+def test_kind_from_names() -> None:
+    assert kind_from_names("x", {"x_bucket", "x_count", "x_sum"}) == "classic"
+    assert kind_from_names("x", {"x"}) == "native"
+    assert kind_from_names("x", {"x", "x_count"}) == "both"
+    assert kind_from_names("x", {"y"}) is None
+
+
+def test_utf8_names_are_printed_quoted() -> None:
+    query = 'sum by ("http.route", job) (rate({"http.server.request.duration_seconds_bucket", "http.route"="/x"}[5m]))'
+    assert normalise(query) == query
+    assert normalise('a / on ("service.name") group_left ("k8s.pod.name") b') == (
+        'a / on ("service.name") group_left ("k8s.pod.name") b'
+    )
+    assert selector_text("http.server.duration", [("http.route", "=", "/x")]) == (
+        '{"http.server.duration", "http.route"="/x"}'
+    )
+    assert selector_text("x", [("a", "=", "b")]) == 'x{a="b"}'
+
+
+def test_otlp_strategies_are_one_rule() -> None:
+    assert (
+        escape_metric("http.server.request.duration_seconds_bucket")
+        == "http_server_request_duration_seconds_bucket"
+    )
+    assert escape_label("http.response.status_code") == "http_response_status_code"
+    assert escape_label("2xx") == "key_2xx"
+    assert spellings("http_server_request_duration_seconds") == {
+        "http_server_request_duration_seconds",
+        "http_server_request_duration",
+    }
+    # A form written without its unit gets the suffixed spelling from the unit it declares.
+    assert "http_server_request_duration_seconds" in spellings("http_server_request_duration", "seconds")
+    assert spellings("db_client_connections_timeouts_total") == {
+        "db_client_connections_timeouts_total",
+        "db_client_connections_timeouts",
+    }
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"http.server.request.duration_seconds"},  # NoUTF8EscapingWithSuffixes, native
+        {"http.server.request.duration_seconds_bucket", "http.server.request.duration_seconds_count"},
+        {"http.server.request.duration"},  # NoTranslation
+        {"http_server_request_duration"},  # UnderscoreEscapingWithoutSuffixes
+    ],
+)
+def test_an_otel_convention_is_found_in_every_spelling(names: set[str]) -> None:
+    convention = load_catalogue().convention("otel-http")
+    assert convention is not None
+    labels = {n: frozenset({"http.route", "http.response.status_code", "job"}) for n in names if "." in n}
+    held = resolve(convention, Holdings.of(names, labels))
+    metric = held.forms["http.server.duration"].metric
+    assert escape_metric(metric) in spellings("http_server_request_duration_seconds")
+    if labels:
+        assert held.labels["route"] == "http.route"
+        assert held.forms["http.server.errors"].matchers == (("http.response.status_code", "=~", "5.."),)
+        assert held.normalised_label("http.route") == "route"
+
+
+def test_native_histogram_results_are_samples() -> None:
+    data = {
+        "resultType": "vector",
+        "result": [
+            {
+                "metric": {"__name__": "x", "job": "a"},
+                "histogram": [1.0, {"count": "3", "sum": "0.5", "buckets": [[0, "0.1", "0.11", "3"]]}],
+            }
+        ],
+    }
+    (sample,) = _samples_from(data)
+    assert sample.value == 3.0 and sample.histogram is not None and sample.histogram.sum == 0.5
+
+
+def test_native_families_are_recognised_by_their_samples() -> None:
+    from diagnoser.signals.infer import recognise
+    from diagnoser.signals.shapes import families_of, native_candidates
+
+    name = "shop_api_request_latency_seconds"
+    assert native_candidates({name, "up"}, {}) == [name]
+    assert families_of({name}, {}, native={name})[name].histogram == "native"
+    found = recognise(
+        {name}, {}, {name: frozenset({"job", "code", "handler"})}, load_catalogue(), native={name}
+    )
+    (convention,) = found.conventions
+    assert convention.name.startswith(f"inferred (native histogram {name}, server side, status label code")
+    assert convention.forms["http.server.duration"].metric == name
+    # Without the samples' word, the same name is a gauge and nothing is inferred.
+    assert recognise({name}, {}, {}, load_catalogue()).conventions == ()
