@@ -30,12 +30,14 @@ def test_a_command_declares_no_option_or_loop_of_its_own(module: Path) -> None:
     assert "run_event_loop(" not in source
 
 
-def test_a_format_a_command_does_not_print_is_a_one_line_usage_error(tmp_path: Path) -> None:
-    result = run_cli("probe", "http://127.0.0.1:9/", "--format", "markdown", env={"HOME": str(tmp_path)})
+@pytest.mark.parametrize("command", [["probe", "http://127.0.0.1:9/"], ["signals"]])
+def test_a_format_a_command_does_not_print_is_not_offered(command: list[str], tmp_path: Path) -> None:
+    shown = run_cli(*command, "--help", env={"HOME": str(tmp_path), "COLUMNS": "100"})
+    assert "<table|json>" in shown.stdout and "markdown" not in shown.stdout
+    result = run_cli(*command, "--format", "markdown", env={"HOME": str(tmp_path)})
     assert result.code == 2, result.stdout + result.stderr
-    assert [line for line in result.stderr.splitlines() if line.strip()] == [
-        "error: --format markdown: this command prints table or json"
-    ]
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: Invalid value for '--format'") and "'markdown' is not one of 'table', 'json'" in line
 
 
 @pytest.mark.parametrize("command", [["probe", "http://127.0.0.1:9/"], ["capacity", "http://127.0.0.1:9/",
