@@ -71,8 +71,8 @@ from diagnoser.probe.caps import capacity_caps
 from diagnoser.probe.entry import GrpcRequest, resolve_target
 from diagnoser.probe.running import InProcess, Launcher, default_workers
 from diagnoser.probe.spec import check_resolved_addresses
-from diagnoser.probe.wire import check_token, new_token
-from diagnoser.probe.worker import TOKEN_ENV, WorkerLimits, parse_address
+from diagnoser.probe.wire import new_token
+from diagnoser.probe.worker import TOKEN_ENV, WorkerLimits, parse_address, worker_token
 from diagnoser.probe.workers import WorkerPool
 
 __all__ = ["ReportFlags", "SearchFlags", "SloFlags", "WorkerFlags", "capacity_command"]
@@ -437,16 +437,9 @@ def _workers(
 
 def _token(*, generate: bool) -> str:
     """``$DIAGNOSER_WORKER_TOKEN`` (checked), or a new token for the pods of ``--on-cluster``."""
-    token = os.environ.get(TOKEN_ENV, "")
-    if not token and generate:
+    if generate and not os.environ.get(TOKEN_ENV):
         return new_token()
-    if not token:
-        raise ConfigError(f"--remote-workers: set {TOKEN_ENV} for the coordinator and its workers")
-    try:
-        check_token(token, TOKEN_ENV)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    return token
+    return worker_token()
 
 
 _WILDCARDS = ("0.0.0.0", "::", "")

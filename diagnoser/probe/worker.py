@@ -292,7 +292,7 @@ def worker_token() -> str:
     """``$DIAGNOSER_WORKER_TOKEN``, checked (``ConfigError`` when missing or under 128 bits)."""
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
-        raise ConfigError(f"set {TOKEN_ENV} to the run's token (the coordinator's)")
+        raise ConfigError(f"set {TOKEN_ENV}: the token a coordinator and its workers share")
     try:
         check_token(token, TOKEN_ENV)
     except ValueError as exc:

@@ -74,6 +74,23 @@ def _wait_for(path: Path, process: subprocess.Popen[str], seconds: float) -> lis
     raise AssertionError(f"no manifest written: {process.communicate()[1]}")
 
 
+def _pods(job: dict[str, Any], token: str, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """The Job's pods as local processes: the pod's command line, its own limits (the coordinator's
+    caps and the typed target, as the Job's variables give them) and the token of its Secret."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "diagnoser", *container["args"]],
+            env={**env, **pod_env, "DIAGNOSER_WORKER_TOKEN": token, "JOB_COMPLETION_INDEX": str(index)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(job["spec"]["parallelism"])
+    ]
+
+
 def test_the_rendered_job_drives_local_workers_through_the_real_cli(
     delay_server: DelayServer, tmp_path: Path
 ) -> None:
@@ -90,20 +107,9 @@ def test_the_rendered_job_drives_local_workers_through_the_real_cli(
     objects = _wait_for(manifest, coordinator, 30)
     assert manifest.stat().st_mode & 0o777 == 0o600  # it holds the token
     token = one(objects, "Secret")["stringData"]["token"]
-    (container,) = one(objects, "Job")["spec"]["template"]["spec"]["containers"]
-    # The pods' own limits, as the Job gives them (the coordinator's caps, the typed target).
-    pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    assert "--allow-target=127.0.0.1" in container["args"]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "diagnoser", *container["args"]],
-            env={**env, **pod_env, "DIAGNOSER_WORKER_TOKEN": token, "JOB_COMPLETION_INDEX": str(index)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index in range(2)
-    ]
+    job = one(objects, "Job")
+    assert "--allow-target=127.0.0.1" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    workers = _pods(job, token, env)
     out, err = coordinator.communicate(timeout=90)
     codes = [w.wait(timeout=30) for w in workers]
     assert coordinator.returncode == 0, err
@@ -197,19 +203,7 @@ def test_the_job_owns_its_secret_and_both_go_at_the_end(delay_server: DelayServe
             ("POST", ["shop", "secrets"]),
             ("PATCH", ["jobs", name]),
         ]
-        token = base64.b64decode(secret["data"]["token"]).decode()
-        (container,) = job["spec"]["template"]["spec"]["containers"]
-        pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        workers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "diagnoser", *container["args"]],
-                env={**env, **pod_env, "DIAGNOSER_WORKER_TOKEN": token, "JOB_COMPLETION_INDEX": str(index)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for index in range(2)
-        ]
+        workers = _pods(job, base64.b64decode(secret["data"]["token"]).decode(), env)
         out, err = coordinator.communicate(timeout=90)
         assert [w.wait(timeout=30) for w in workers] == [0, 0]
         assert coordinator.returncode == 0, err

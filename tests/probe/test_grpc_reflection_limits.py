@@ -10,7 +10,6 @@ job calls on every run) asks a target's reflection once, not at every run.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from diagnoser.config import ProbeSettings
 from diagnoser.probe import build_spec, run_probe
 from diagnoser.probe.entry import run_event_loop
 from tests.conftest import run_cli
+from tests.probe.conftest import start_server_process
 
 SERVER = Path(__file__).with_name("reflection_server.py")
 #: ``ReflectionLimits``' defaults (checked by the last test): how deep and how wide a definition may go.
@@ -47,18 +47,9 @@ class ReflectionServer:
 def reflection(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReflectionServer]:
     """The server in the mode the test names (``@pytest.mark.parametrize("reflection", [...], indirect=True)``)."""
     count_file = tmp_path / "requests"
-    process = subprocess.Popen(
-        [sys.executable, str(SERVER), "--mode", request.param, "--count-file", str(count_file)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line.startswith("PORT "):
-        process.kill()
-        raise RuntimeError(f"reflection server did not start: {line!r}")
+    port, process = start_server_process(SERVER, "--mode", request.param, "--count-file", str(count_file))
     try:
-        yield ReflectionServer(int(line.split()[1]), count_file, process)
+        yield ReflectionServer(port, count_file, process)
     finally:
         process.kill()
         process.wait()

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from diagnoser.probe.entry import run_event_loop
 from diagnoser.probe.result import ProbeResult
 from diagnoser.probe.spec import spec_from_url
 from diagnoser.probe.workers import WorkerPool
-from tests.probe.conftest import DelayServer
+from tests.probe.conftest import DelayServer, connected
 
 TOKEN = "7f3c9a1e5b2d4f608a9c1e3b5d7f9a2c"
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
@@ -110,27 +109,6 @@ def test_the_token_never_crosses_the_wire_and_no_body_comes_back(delay_server: D
     assert examples and all(e.status == 503 and e.body is None for e in examples)
 
 
-@pytest.fixture
-def listener() -> Iterator[tuple[str, socket.socket]]:
-    """A target that records whether anything connected to it."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/", sock
-    finally:
-        sock.close()
-
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        sock.accept()[0].close()
-    except BlockingIOError:
-        return False
-    return True
-
-
 def test_a_coordinator_that_cannot_prove_the_token_gets_nothing_run(
     listener: tuple[str, socket.socket],
 ) -> None:
@@ -164,7 +142,7 @@ def test_a_coordinator_that_cannot_prove_the_token_gets_nothing_run(
     code, stderr = run_event_loop(main())
     assert code == 1, stderr
     assert "did not prove it holds" in stderr
-    assert not _connected(target)
+    assert not connected(target)
 
 
 def test_a_coordinator_with_the_token_cannot_raise_a_workers_caps_or_allowlist(
@@ -197,7 +175,7 @@ def test_a_coordinator_with_the_token_cannot_raise_a_workers_caps_or_allowlist(
     (rate, host), sent = run_event_loop(main())
     assert "refused" in rate and "exceeds the cap of 50 req/s" in rate
     assert "refused" in host and "'localhost' is not in probe.allowed_hosts" in host
-    assert not _connected(target)
+    assert not connected(target)
     assert sent == 20  # what its limits allow, it runs
 
 

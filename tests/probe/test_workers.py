@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,7 +25,7 @@ from diagnoser.probe.spec import spec_from_url
 from diagnoser.probe.worker import WorkerLimits
 from diagnoser.probe.workers import WorkerPool
 from tests.conftest import run_cli
-from tests.probe.conftest import DelayServer
+from tests.probe.conftest import DelayServer, connected
 
 FAILURES = ("status", "timeout", "empty_json", None, None, None, None, None)
 #: The test servers' address, allowed to the workers as if typed on their command line.
@@ -121,27 +120,6 @@ def test_the_capacity_ceiling_cannot_be_configured_away() -> None:
     assert CapacitySettings().max_rate == 20_000
 
 
-@pytest.fixture
-def listener() -> Iterator[tuple[str, socket.socket]]:
-    """A port that records whether anything connected to it: nothing may, for a refused run."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.setblocking(False)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/", sock
-    finally:
-        sock.close()
-
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        sock.accept()[0].close()
-    except BlockingIOError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -160,7 +138,7 @@ def test_over_a_cap_exits_2_before_anything_is_sent(
     result = run_cli(*[a.format(url=url) for a in args], timeout=30)
     assert result.code == 2, result.stderr
     assert expected in result.stderr
-    assert not _connected(sock)
+    assert not connected(sock)
 
 
 def test_a_configured_capacity_cap_above_the_ceiling_is_a_config_error(
@@ -169,7 +147,7 @@ def test_a_configured_capacity_cap_above_the_ceiling_is_a_config_error(
     url, sock = listener
     result = run_cli("capacity", url, "--slo-p99-ms", "50", env={"DIAGNOSER_CAPACITY__MAX_RATE": "150000"})
     assert result.code == 2 and "capacity.max_rate" in result.stderr
-    assert not _connected(sock)
+    assert not connected(sock)
 
 
 def test_workers_send_the_whole_schedule_between_them(delay_server: DelayServer) -> None:

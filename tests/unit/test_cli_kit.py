@@ -48,3 +48,26 @@ def test_every_command_reports_a_bad_config_file_alike(command: list[str], tmp_p
     assert result.code == 2, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {missing}: cannot read config"), result.stderr
+
+
+def test_an_old_flag_name_sets_the_same_setting_and_says_so(tmp_path: Path) -> None:
+    """`--max-error-ratio` is `--slo-error-ratio` (slo.error_ratio) and capacity's `--namespace` is
+    `--job-namespace`: hidden, still working, with a line saying the name to use."""
+    home = {"HOME": str(tmp_path)}
+    capacity = ("capacity", "http://127.0.0.1:9/", "--slo-p99-ms", "50")
+    ratio = run_cli(*capacity, "--max-error-ratio", "2", env=home)
+    assert ratio.code == 2
+    assert [line for line in ratio.stderr.splitlines() if line.strip()] == [
+        "warning: --max-error-ratio is deprecated, use --slo-error-ratio",
+        "error: invalid configuration: slo.error_ratio: Input should be less than or equal to 1",
+    ]
+    cluster = ("--on-cluster", "1", "--advertise", "10.0.0.5:7070", "--listen", "127.0.0.1:0", "--render-job", "-")
+    namespace = run_cli(*capacity, *cluster, "--namespace", "Load_Test", env=home)
+    assert namespace.code == 2
+    assert [line for line in namespace.stderr.splitlines() if line.strip()] == [
+        "warning: --namespace is deprecated, use --job-namespace",
+        "error: --job-namespace 'Load_Test' is not a Kubernetes name (lowercase, digits, '-')",
+    ]
+    shown = run_cli("capacity", "--help", env={**home, "COLUMNS": "150"}).stdout
+    assert "--slo-error-ratio" in shown and "--job-namespace" in shown
+    assert "--max-error-ratio" not in shown and "--namespace " not in shown
