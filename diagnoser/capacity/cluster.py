@@ -30,6 +30,7 @@ by its owner only, and its Secret has no owner until someone gives it one (delet
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -232,7 +233,9 @@ def _create(objects: list[dict[str, Any]], settings: KubernetesSettings) -> None
         start = [{"op": "replace", "path": "/spec/suspend", "value": False}]
         batch.patch_namespaced_job(job["metadata"]["name"], namespace, start)
     except Exception:
-        _delete(objects, settings)  # a Job that cannot start is not left behind (nor its Secret)
+        # A Job that cannot start is not left behind (nor its Secret); the first error is the one told.
+        with contextlib.suppress(Exception):
+            _delete(objects, settings)
         raise
 
 

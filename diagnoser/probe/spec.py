@@ -54,6 +54,7 @@ __all__ = [
     "enforce_safety",
     "load_probe_file",
     "spec_from_url",
+    "with_bodies_inline",
 ]
 
 
@@ -258,6 +259,23 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
     )
+
+
+def with_bodies_inline(spec: ProbeSpec) -> ProbeSpec:
+    """``spec`` with its ``body_file`` read into ``body``, as it is sent to workers (who read no file).
+
+    Raises :class:`ConfigError` for a file that cannot be read or is not UTF-8 text."""
+    if spec.body_file is None:
+        return spec
+    (content,) = spec.request_bodies()
+    try:
+        text = (content or b"").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"probe {spec.name}: body_file {spec.body_file} is not UTF-8 text, and workers are sent the body "
+            "itself: run it in one process (--workers 1)"
+        ) from exc
+    return spec.model_copy(update={"body": text, "body_file": None})
 
 
 def load_probe_file(path: Path) -> ProbeSpec:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnoser.config import CapacitySettings, ProbeSettings, load_settings
-from diagnoser.errors import ConfigError, DiagnoserError
+from diagnoser.errors import ConfigError, DiagnoserError, ProbeSafetyError
 from diagnoser.probe.caps import LoadCaps, capacity_caps
 from diagnoser.probe.live import SlowCounter
 from diagnoser.probe.open_loop import ProbeRun
@@ -128,7 +128,10 @@ class WorkerLimits:
 
     def check(self, spec: ProbeSpec, told: ProbeSettings) -> tuple[ProbeSettings, bool]:
         """The settings a run of ``spec`` gets here, and whether its host counts as typed by this
-        worker's user; ``ProbeSafetyError`` for a spec these limits do not allow."""
+        worker's user; ``ProbeSafetyError`` for a spec these limits do not allow (or one that
+        would have it read a local file: bodies come inline)."""
+        if spec.body_file is not None:
+            raise ProbeSafetyError("a worker reads no file (body_file): the coordinator sends the body")
         explicit = spec.host.strip("[]").lower() in self.targets
         own = self.probe
         settings = told.model_copy(

@@ -40,7 +40,7 @@ from diagnoser.probe.live import LiveStats, Tally
 from diagnoser.probe.open_loop import INTERRUPTED, SCHEDULE_LAG_LIMIT_MS
 from diagnoser.probe.parts import RunPart, latency_p99, merge_parts
 from diagnoser.probe.result import ProbeResult, TailSums, shares_from
-from diagnoser.probe.spec import ProbeSpec
+from diagnoser.probe.spec import ProbeSpec, with_bodies_inline
 from diagnoser.probe.wire import Channel, check_token, coordinator_handshake, new_token
 from diagnoser.probe.worker import TOKEN_ENV, WorkerLimits
 
@@ -224,6 +224,7 @@ class WorkerPool:
             raise ProbeWorkerError(f"the worker pool lost a worker ({self.broken}); no run can start")
         if self._run is not None and not self._run.finished:
             raise RuntimeError("one run at a time on a worker pool")
+        spec = with_bodies_inline(spec)  # a worker reads no file of its own (ConfigError here if it must)
         run = PooledRun(self, next(self._run_ids), spec, settings, explicit_target, slow_ms)
         self._run = run
         return run

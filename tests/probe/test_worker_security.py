@@ -231,3 +231,20 @@ def test_strangers_cannot_make_the_coordinator_buffer_before_the_handshake(delay
     # 80 MiB here). 16 MiB leaves room for the allocator's own slack on a busy machine.
     assert closed == 20  # each was cut off, not read to the end
     assert grown_kb < 16 * 1024, f"the coordinator grew by {grown_kb} KiB"
+
+
+def test_a_worker_reads_no_file_a_coordinator_names(tmp_path: Path) -> None:
+    """A body file is read by the coordinator and sent inline; a worker told to read one refuses."""
+    from diagnoser.errors import ProbeSafetyError
+    from diagnoser.probe.spec import with_bodies_inline
+    from diagnoser.probe.worker import WorkerLimits
+
+    body = tmp_path / "body.json"
+    body.write_text('{"user": 42}')
+    spec = spec_from_url("http://127.0.0.1:9/", rate=5, duration_s=1).model_copy(update={"body_file": body})
+    with pytest.raises(ProbeSafetyError, match="a worker reads no file"):
+        WorkerLimits.allowing("127.0.0.1").check(spec.model_copy(update={"body_file": Path("/etc/shadow")}),
+                                                 ProbeSettings())  # fmt: skip
+    inline = with_bodies_inline(spec)
+    assert (inline.body, inline.body_file) == ('{"user": 42}', None)
+    WorkerLimits.allowing("127.0.0.1").check(inline, ProbeSettings())  # what the coordinator sends: allowed
