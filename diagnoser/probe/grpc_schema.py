@@ -65,13 +65,21 @@ class ReflectionLimits:
     seconds: float = 15.0
     #: The files' serialized size in all.
     max_bytes: int = 16 * 1024 * 1024
+    #: ``seconds`` is what was left of a run's deadline (the error says so).
+    from_deadline: bool = False
 
     def within(self, seconds: float | None) -> ReflectionLimits:
-        """These limits, with at most ``seconds`` for the whole resolution (``None``: unchanged)."""
-        if seconds is None:
+        """These limits, with at most ``seconds`` (what is left of a run's deadline, ``None``: no
+        deadline) for the whole resolution, and always :data:`MIN_REFLECTION_S`: a start-up that
+        spent the deadline leaves the server a moment to answer, as the rules get one."""
+        if seconds is None or seconds >= self.seconds:
             return self
-        bounded = max(0.1, min(self.seconds, seconds))
-        return ReflectionLimits(self.max_files, self.max_depth, bounded, self.max_bytes)
+        bounded = max(MIN_REFLECTION_S, seconds)
+        return ReflectionLimits(self.max_files, self.max_depth, bounded, self.max_bytes, from_deadline=True)
+
+
+#: The least time a resolution gets, however little of the deadline is left.
+MIN_REFLECTION_S = 1.0
 
 
 DEFAULT_REFLECTION_LIMITS = ReflectionLimits()
@@ -119,8 +127,11 @@ def _reflection_request(stream: _Reflection, kind: str, name: str, timeout_s: fl
 
 
 def _too_slow(target: GrpcTarget, limits: ReflectionLimits) -> ConfigError:
+    budget = f"{limits.seconds:g} s"
+    if limits.from_deadline:
+        budget = f"the {limits.seconds:.1f} s left of the run's deadline"
     return ConfigError(
-        f"{target.authority}: server reflection took longer than {limits.seconds:g} s; "
+        f"{target.authority}: server reflection took longer than {budget}; "
         "give the service's definition with --proto FILE"
     )
 
@@ -401,7 +412,12 @@ DESCRIPTORS = _DescriptorCache()
 def _descriptors(
     spec: ProbeSpec, target: GrpcTarget, settings: ProbeSettings, explicit: bool, limits: ReflectionLimits
 ) -> bytes:
-    """The spec's descriptors: from the cache, else compiled or reflected (and then cached)."""
+    """The spec's descriptors: from the cache, else compiled or reflected (and then cached).
+
+    A cached answer never skips the resolved-address rule: the target is checked each time."""
+    assert spec.grpc is not None
+    if spec.grpc.proto is None:
+        dial_address(target, settings, explicit_target=explicit)  # ProbeSafetyError if refused
     key = DESCRIPTORS.key(spec)
     cached = DESCRIPTORS.get(key)
     if cached is not None:

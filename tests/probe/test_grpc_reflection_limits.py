@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from diagnoser.config import ProbeSettings
+from diagnoser.errors import ProbeSafetyError
 from diagnoser.probe import build_spec, run_probe
-from diagnoser.probe.entry import run_event_loop
+from diagnoser.probe.entry import resolve_target, run_event_loop
 from tests.conftest import run_cli
 from tests.probe.conftest import start_server_process
 
@@ -122,3 +123,6 @@ def test_the_daemons_probe_asks_a_targets_reflection_once(reflection: Reflection
 
     assert run_event_loop(twice()) == [2, 2]
     assert reflection.requests() == 3  # the service's file and its two imports, once
+    # What is cached never skips the address rule: without 127.0.0.1 allowed, the same target is refused.
+    with pytest.raises(ProbeSafetyError, match="loopback"):
+        resolve_target(spec, ProbeSettings(allowed_hosts=["127.0.0.*"]), explicit_target=False)
