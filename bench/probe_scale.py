@@ -32,7 +32,7 @@ from diagnoser.config import ProbeSettings  # noqa: E402
 from diagnoser.probe.entry import run_event_loop  # noqa: E402
 from diagnoser.probe.result import ProbeResult  # noqa: E402
 from diagnoser.probe.spec import spec_from_url  # noqa: E402
-from diagnoser.probe.worker import usable_cores  # noqa: E402
+from diagnoser.probe.worker import WorkerLimits, usable_cores  # noqa: E402
 from diagnoser.probe.workers import WorkerPool  # noqa: E402
 from tests.fixtures.nginx_server import NginxServer  # noqa: E402
 
@@ -47,7 +47,7 @@ def probe_line(url: str, workers: int, rate: float, duration: float, nginx_pid: 
     spec = spec_from_url(url, rate=rate, duration_s=duration)
 
     async def main() -> tuple[ProbeResult, float]:
-        pool = WorkerPool(workers)
+        pool = WorkerPool(workers, limits=WorkerLimits.allowing(spec.host))
         await pool.start()
         try:
             result = await pool.launch(spec, ProbeSettings(), explicit_target=True).result()

@@ -18,6 +18,13 @@ so a typo is a rule error. The check holds with one evidence row (labels ``targe
 ``host``); for ``failures.*`` fields its ``detail`` quotes the sampled responses of those kinds,
 so a report shows the body that was wrong. With no probe run (``ctx.sources.probe`` is
 ``None``) the rule is skipped.
+
+``min_requests`` keeps a run too small to judge from holding, with one exception: a run the probe
+stopped on its own error ratio (:attr:`~diagnoser.probe.ProbeResult.aborted_on_errors`, after
+about ten failures of ten) is the probe's verdict that the target is failing, however few
+requests it took, so its counts and latencies are judged as they are, and the detail says the
+probe aborted and why. Fields about connections (phase shares, handshakes, connections opened)
+still need their minimum: a handful of requests says nothing about connection reuse.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ _DERIVED: dict[str, Callable[[ProbeResult], float]] = {
     "handshake_share_p99": _handshake_share,
 }
 _COUNTS = ("sent", "completed", "finished")
+#: Fields that describe connection behaviour: never judged below their minimum, abort or not.
+_CONNECTION_FIELDS = ("phase_share_p99", "handshake_share_p99", "connections_opened", "phases_ms")
 _STATUS_PREFIX = "status_counts."
 _EXAMPLE_BODY_CHARS = 200
 
@@ -124,6 +133,14 @@ class ProbeParams(BaseModel):
         return _validate_field(value)
 
 
+def _large_enough(result: ProbeResult, params: ProbeParams) -> bool:
+    """Whether the run has enough requests to judge ``params.field`` (see the module docstring)."""
+    if result.finished >= params.min_requests:
+        return True
+    about_connections = any(t.strip().startswith(_CONNECTION_FIELDS) for t in params.field.split("+"))
+    return result.aborted_on_errors and result.finished > 0 and not about_connections
+
+
 def _failure_kinds(field: str) -> set[str]:
     return {t.strip().split(".", 1)[1] for t in field.split("+") if t.strip().startswith("failures.")}
 
@@ -144,6 +161,13 @@ def _ms(value: float | None) -> str:
 
 
 def _detail(result: ProbeResult, params: ProbeParams) -> str:
+    detail = _measured(result, params)
+    if result.aborted_on_errors:
+        return f"{detail}; the probe aborted: {result.abort_reason}"
+    return detail
+
+
+def _measured(result: ProbeResult, params: ProbeParams) -> str:
     if _STATUS_PREFIX in params.field:
         return f"status codes: {_status_detail(result)}"
     kinds = _failure_kinds(params.field)
@@ -194,7 +218,7 @@ async def probe_check(params: ProbeParams, ctx: CheckContext) -> CheckResult:
         result = ProbeResult.model_validate(result)
     if not isinstance(result, ProbeResult):
         raise TypeError(f"sources.probe must be a ProbeResult, got {type(result).__name__}")
-    if result.finished < params.min_requests:
+    if not _large_enough(result, params):
         return []
     value = read_field(result, params.field)
     if value is None:

@@ -2,9 +2,14 @@
 
 Each command lives in its own module of :mod:`diagnoser.cli` and registers itself on :data:`app`.
 What they share is here, so no command has its own: the ``--config`` option
-(:data:`ConfigOption`), the output formats (:class:`OutputFormat`, :data:`FormatOption`), the
-error printer (:func:`fail`: one line on stderr, exit 2 for usage and configuration errors),
-settings and rules loading, and the loop runner (:func:`run_loop`: the one event loop of
+(:data:`ConfigOption`), the output formats (:class:`OutputFormat` for commands that print all
+three, :class:`TableOrJson` for those that print two: a format is offered only where it works),
+numbers (:func:`finite`: NaN and infinities are usage errors), groups of flags a command takes as
+one parameter (:class:`FlagGroup`, :func:`grouped`), the gRPC flags (:class:`GrpcFlags`), the
+error printer (:func:`fail`: one line on stderr, exit 2 for usage and configuration errors; usage
+errors Typer finds itself are printed the same way), settings and rules loading (with what the
+settings cannot check alone: PromQL in ``metrics:`` and ``signals:``), the one logging set-up
+(:func:`configure_logging`) and the loop runner (:func:`run_loop`: the one event loop of
 :func:`diagnoser.probe.entry.run_event_loop`, with Ctrl-C handed to the run's own stop).
 """
 
@@ -12,22 +17,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
+import inspect
 import logging
+import math
 import signal
+import socket
 import sys
-from collections.abc import Callable, Collection, Coroutine
+import typing
+from collections.abc import Callable, Coroutine, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
+from diagnoser import promql
 from diagnoser.config import Settings, load_settings
-from diagnoser.daemon.logs import MaskingFormatter
 from diagnoser.engine import load_ruleset
 from diagnoser.engine.run import check_inputs
-from diagnoser.errors import ConfigError
+from diagnoser.errors import ConfigError, ExpressionError
 from diagnoser.probe.entry import GrpcRequest, run_event_loop
 from diagnoser.ruleset import RuleSet
 
@@ -36,19 +48,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigOption",
+    "FlagGroup",
     "FormatOption",
-    "GrpcDataOption",
-    "GrpcImportPathOption",
-    "GrpcMetadataOption",
-    "GrpcProtoOption",
+    "GrpcFlags",
     "OutputFormat",
     "PrometheusOption",
+    "TableOrJson",
+    "TableOrJsonOption",
     "app",
-    "check_format",
     "check_inputs_or_exit",
+    "check_listen",
     "configure_logging",
+    "deprecated",
     "fail",
-    "grpc_request",
+    "finite",
+    "grouped",
     "load_cli_rules",
     "load_cli_settings",
     "rules_app",
@@ -58,6 +72,45 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+#: Click's base exception, found through Typer's public one (Typer vendors Click in some versions).
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class _OneLineErrors(TyperGroup):
+    """The command group, printing a usage error Typer finds (an unknown option, a value that is
+    not a number) as every command prints its own: one ``error:`` line, exit 2."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        def run(standalone: bool) -> Any:
+            return super(_OneLineErrors, self).main(
+                args, prog_name, complete_var, standalone_mode=standalone,
+                windows_expand_args=windows_expand_args, **extra,
+            )  # fmt: skip
+
+        if not standalone_mode:
+            return run(False)
+        try:
+            code = run(False)
+        except _CLICK_ERROR as exc:
+            context = getattr(exc, "ctx", None)
+            hint = f" (see {context.command_path} --help)" if context is not None else ""
+            message = str(exc.format_message()).replace("Value error, ", "")  # type: ignore[attr-defined]
+            fail(f"{message}{hint}")
+            sys.exit(getattr(exc, "exit_code", 2))
+        except typer.Abort:
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
     name="diagnose",
@@ -65,6 +118,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    cls=_OneLineErrors,
 )
 rules_app = typer.Typer(help="List, lint and test rules.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
@@ -74,22 +128,103 @@ stderr = Console(stderr=True)
 
 
 class OutputFormat(StrEnum):
-    """What ``--format`` may say, for every command (a command may print only some of them)."""
+    """``--format`` of the commands that print all three (``now``, ``capacity``, ``rules list``)."""
 
     table = "table"
     json = "json"
     markdown = "markdown"
 
 
+class TableOrJson(StrEnum):
+    """``--format`` of the commands that print no Markdown (``probe``, ``signals``)."""
+
+    table = "table"
+    json = "json"
+
+
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+TableOrJsonOption = Annotated[TableOrJson, typer.Option("--format", "-f", help="Output format.")]
 
 
-def check_format(output: OutputFormat, printed: Collection[OutputFormat]) -> OutputFormat:
-    """``output`` when the command prints it; else a usage error (exit 2) naming what it prints."""
-    if output not in printed:
-        names = " or ".join(f.value for f in OutputFormat if f in printed)
-        raise fail(f"--format {output.value}: this command prints {names}")
-    return output
+def finite(text: str) -> float:
+    """A number flag's value: neither NaN nor infinite (``typer.Option(parser=finite)``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{text!r} is not a finite number")
+    return value
+
+
+class FlagGroup:
+    """Base of a frozen dataclass of flags that a command takes as one parameter.
+
+    Each field is a flag, annotated as a command parameter would be; :func:`grouped` shows Typer
+    the fields and hands the command one object per group::
+
+        @dataclass(frozen=True)
+        class Pace(FlagGroup):
+            rate: Annotated[float, typer.Option("--rate", parser=finite)] = 10.0
+            duration: Annotated[float, typer.Option("--duration", parser=finite)] = 10.0
+
+        @app.command()
+        @grouped
+        def run(target: str, pace: Pace) -> None: ...
+    """
+
+
+def _is_group(annotation: Any) -> bool:
+    return (
+        isinstance(annotation, type)
+        and issubclass(annotation, FlagGroup)
+        and dataclasses.is_dataclass(annotation)
+    )
+
+
+def grouped(function: Callable[..., R]) -> Callable[..., R]:
+    """``function`` with each :class:`FlagGroup` parameter shown to Typer as the group's fields."""
+    hints = typing.get_type_hints(function, include_extras=True)
+    flat: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type[Any], list[str]]] = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        annotation = hints.get(name, parameter.annotation)
+        if not _is_group(annotation):
+            flat.append(parameter.replace(annotation=annotation, kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        field_hints = typing.get_type_hints(annotation, include_extras=True)
+        names = []
+        for item in dataclasses.fields(annotation):
+            default = item.default if item.default is not dataclasses.MISSING else inspect.Parameter.empty
+            flat.append(
+                inspect.Parameter(
+                    item.name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=default,
+                    annotation=field_hints[item.name],
+                )
+            )
+            names.append(item.name)
+        groups[name] = (annotation, names)
+    seen = [p.name for p in flat]
+    if len(seen) != len(set(seen)):
+        raise TypeError(f"{function.__name__}: two flags share a name in its groups")
+
+    @functools.wraps(function)
+    def command(**values: Any) -> R:
+        for name, (group, names) in groups.items():
+            values[name] = group(**{n: values.pop(n) for n in names})
+        return function(**values)
+
+    command.__signature__ = inspect.Signature(flat)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in flat}
+    del command.__wrapped__  # Typer must read the flat signature
+    return command
+
+
+def deprecated(old: str, new: str) -> None:
+    """Say on stderr that ``old`` still works and that ``new`` is its name now."""
+    stderr.print(f"warning: {old} is deprecated, use {new}", markup=False, highlight=False)
 
 
 def _print_version(value: bool) -> None:
@@ -120,39 +255,43 @@ def fail(message: str, code: int = 2, console: Console = stderr) -> typer.Exit:
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config file (DIAGNOSER_* variables override it).")
 ]
-GrpcDataOption = Annotated[
-    str | None,
-    typer.Option("--data", help="gRPC request message as JSON, or @FILE (grpc:// targets)."),
-]
-GrpcProtoOption = Annotated[
-    Path | None,
-    typer.Option("--proto", help="The service's .proto (compiled at run time); default: server reflection."),
-]
-GrpcImportPathOption = Annotated[
-    list[Path] | None,
-    typer.Option("--import-path", "-I", help="Where --proto's imports are found (repeatable)."),
-]
-
-GrpcMetadataOption = Annotated[
-    list[str] | None,
-    typer.Option("--metadata", "-H", help="gRPC metadata 'key: value' sent with every call (repeatable)."),
-]
 
 
-def grpc_request(
-    data: str | None,
-    proto: Path | None,
-    import_paths: list[Path] | None,
-    metadata: list[str] | None = None,
-) -> GrpcRequest:
-    """The gRPC flags every probing command shares, as :func:`~diagnoser.probe.build_spec` takes them."""
-    pairs: dict[str, str] = {}
-    for item in metadata or []:
-        key, colon, value = item.partition(":")
-        if not colon or not key.strip():
-            raise fail(f"--metadata {item!r}: give it as 'key: value'")
-        pairs[key.strip().lower()] = value.strip()
-    return GrpcRequest(data=data, proto=proto, import_paths=list(import_paths or []), metadata=pairs)
+@dataclasses.dataclass(frozen=True)
+class GrpcFlags(FlagGroup):
+    """The gRPC flags of every probing command (``probe``, ``now --probe``, ``capacity``)."""
+
+    data: Annotated[
+        str | None, typer.Option("--data", help="gRPC request message as JSON, or @FILE (grpc:// targets).")
+    ] = None
+    proto: Annotated[
+        Path | None,
+        typer.Option(
+            "--proto", help="The service's .proto (compiled at run time); default: server reflection."
+        ),
+    ] = None
+    import_path: Annotated[
+        list[Path] | None,
+        typer.Option("--import-path", "-I", help="Where --proto's imports are found (repeatable)."),
+    ] = None
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metadata", "-H", help="gRPC metadata 'key: value' sent with every call (repeatable)."
+        ),
+    ] = None
+
+    def request(self) -> GrpcRequest:
+        """These flags as :func:`~diagnoser.probe.build_spec` takes them (``--metadata`` checked)."""
+        pairs: dict[str, str] = {}
+        for item in self.metadata or []:
+            key, colon, value = item.partition(":")
+            if not colon or not key.strip():
+                raise fail(f"--metadata {item!r}: give it as 'key: value'")
+            pairs[key.strip().lower()] = value.strip()
+        return GrpcRequest(
+            data=self.data, proto=self.proto, import_paths=list(self.import_path or []), metadata=pairs
+        )
 
 
 PrometheusOption = Annotated[
@@ -161,11 +300,58 @@ PrometheusOption = Annotated[
 
 
 def load_cli_settings(config: Path | None, overrides: dict[str, Any] | None = None) -> Settings:
-    """The settings of ``--config`` and the environment, with the command's flags over them."""
+    """The settings of ``--config`` and the environment, with the command's flags over them.
+
+    What the settings cannot check alone is checked here too, before anything runs: every
+    ``metrics:`` rename gives a query that parses, every ``signals:`` value is PromQL.
+    """
     try:
-        return load_settings(config, overrides=overrides or None)
+        settings = load_settings(config, overrides=overrides or None)
+        check_promql_settings(settings)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
+    return settings
+
+
+def check_promql_settings(settings: Settings) -> None:
+    """``ConfigError`` for a ``metrics:`` rename or a ``signals:`` value Prometheus could not parse.
+
+    A rename is checked by what it does: a query reading the exporter's name, renamed as every
+    rule's query is (:func:`diagnoser.promql.rename_metrics`), must still parse.
+    """
+    problems: list[str] = []
+    for name, renamed in settings.metrics.items():
+        try:
+            promql.parse(promql.rename_metrics(f"rate({name}[5m])", {name: renamed}))
+        except ExpressionError:
+            problems.append(f"metrics.{name}: {renamed!r} is not a metric name a query can read")
+    for name, expression in settings.signals.items():
+        try:
+            promql.parse(expression)
+        except ExpressionError as exc:
+            reason = getattr(exc, "reason", None) or str(exc)
+            problems.append(f"signals.{name}: {expression!r} is not PromQL ({reason})")
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def check_listen(flag: str, host: str, port: int) -> None:
+    """``ConfigError`` when ``host:port`` cannot be listened on now (taken, or not this machine's).
+
+    Checked before a command starts anything, so a port in use is one line, not a failure after
+    start-up. The listener binds again when it starts (with the same ``SO_REUSEADDR``).
+    """
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {host}:{port}: {exc.strerror or exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"{flag} {host}:{port}: cannot listen there: {exc.strerror or exc}") from exc
 
 
 def run_loop(main: Coroutine[Any, Any, T], *, on_interrupt: Callable[[], None] | None = None) -> T:
@@ -224,15 +410,17 @@ _LIBRARY_LOGGERS = (
 )  # fmt: skip
 
 
-def configure_logging(verbosity: int) -> None:
-    """Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv.
+def configure_logging(verbosity: int, settings: Settings | None = None) -> None:
+    """A one-shot command's logging, on the one set-up (:func:`diagnoser.daemon.logs.configure_logging`).
 
-    Lines go out with the credentials of any URL in them removed: httpx logs each request's
-    full URL, and a ``prometheus.url`` may carry ``?access_token=...``.
+    Warnings of diagnoser's own by default; its debug log with -v; every library's with -vv.
+    Lines go out with the settings' secrets masked and the credentials of any URL in them
+    removed: httpx logs each request's full URL, and a ``prometheus.url`` may carry
+    ``?access_token=...``.
     """
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbosity >= 2 else logging.WARNING, handlers=[handler])
+    from diagnoser.daemon.logs import configure_logging as set_up
+
+    set_up(settings, level="DEBUG" if verbosity >= 2 else "WARNING", verbose=max(0, verbosity - 1))
     logging.captureWarnings(True)  # library warnings.warn() calls go through logging too
     if verbosity >= 1:
         logging.getLogger("diagnoser").setLevel(logging.DEBUG)

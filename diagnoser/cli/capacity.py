@@ -8,8 +8,11 @@
     diagnose capacity URL --slo-p99-ms 50 --expect-rps 400 --format json     # a CI gate
 
 A URL typed here needs no allowlist entry; a probe file's host must be in
-``probe.allowed_hosts``; no step is ever sent above ``probe.max_rate`` or longer than
-``probe.max_duration_s``. Ctrl-C stops the running step and prints the partial table. Exit
+``probe.allowed_hosts``; no step is ever sent above ``capacity.max_rate`` (all workers together)
+or longer than ``capacity.max_duration_s``. Ctrl-C stops the running step and prints the partial
+table. The flags come in groups (:class:`SloFlags`, :class:`SearchFlags`, :class:`WorkerFlags`,
+:class:`ReportFlags` and the shared :class:`~diagnoser.cli.app.GrpcFlags`), each checked by its
+own part of the command. Exit
 codes: 0 the capacity meets ``--expect-rps`` (when given) or every step up to the maximum rate
 held, 1 otherwise (including an interrupted run), 2 usage, configuration or safety refusal.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ from rich.console import Console
 
 from diagnoser.capacity.cluster import (
     DEFAULT_IMAGE,
+    RUN_LABEL,
     ClusterPlan,
     check_cluster_plan,
     create_objects,
@@ -44,86 +48,233 @@ from diagnoser.capacity.run import CapacityOptions, CapacityRun
 from diagnoser.capacity.step import StepPlan
 from diagnoser.cli.app import (
     ConfigOption,
+    FlagGroup,
     FormatOption,
-    GrpcDataOption,
-    GrpcImportPathOption,
-    GrpcMetadataOption,
-    GrpcProtoOption,
+    GrpcFlags,
     OutputFormat,
+    PrometheusOption,
     app,
+    check_listen,
+    deprecated,
     fail,
-    grpc_request,
+    finite,
+    grouped,
     load_cli_settings,
     run_loop,
     stderr,
     stdout,
 )
 from diagnoser.config import Settings
-from diagnoser.errors import DiagnoserError, ProbeWorkerError, SlackSendError
+from diagnoser.errors import ConfigError, DiagnoserError, ProbeWorkerError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
 from diagnoser.probe.caps import capacity_caps
 from diagnoser.probe.entry import GrpcRequest, resolve_target
 from diagnoser.probe.running import InProcess, Launcher, default_workers
 from diagnoser.probe.spec import check_resolved_addresses
-from diagnoser.probe.worker import TOKEN_ENV, parse_address
+from diagnoser.probe.wire import new_token
+from diagnoser.probe.worker import TOKEN_ENV, WorkerLimits, parse_address, worker_token
 from diagnoser.probe.workers import WorkerPool
 
-__all__ = ["capacity_command"]
+__all__ = ["ReportFlags", "SearchFlags", "SloFlags", "WorkerFlags", "capacity_command"]
+
+#: Without --slo-error-ratio or slo.error_ratio set in the config, a step holds at 0.1 % errors:
+#: stricter than the rules' default SLO, since a load test looks for the first errors.
+DEFAULT_STEP_ERROR_RATIO = 0.001
 
 
 def _parse_steps(text: str | None) -> list[float] | None:
     if text is None:
         return None
     try:
-        rates = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise DiagnoserError(
-            f"--steps {text!r}: give rates separated by commas, e.g. 1000,2000,3000"
-        ) from exc
+        rates = [finite(part) for part in text.split(",") if part.strip()]
+    except typer.BadParameter as exc:
+        raise ConfigError(f"--steps {text!r}: give rates separated by commas, e.g. 1000,2000,3000") from exc
     if not rates or any(r <= 0 for r in rates) or rates != sorted(rates):
-        raise DiagnoserError(f"--steps {text!r}: give positive rates in increasing order")
+        raise ConfigError(f"--steps {text!r}: give positive rates in increasing order")
     return rates
 
 
-def _options(settings: Settings, args: dict[str, Any]) -> CapacityOptions:
-    caps = capacity_caps(settings.capacity)
-    cap = caps.max_rate
-    max_rate = args["max_rate"] if args["max_rate"] is not None else cap
-    fixed = _parse_steps(args["steps"])
-    if max_rate > cap or (fixed and fixed[-1] > cap):
-        raise DiagnoserError(
-            f"--max-rate/--steps above capacity.max_rate of {cap:g} req/s, the aggregate of every worker "
-            f"(raise it in the config, up to {caps.rate_ceiling:g})"
+def _positive(flag: str, value: float | None, *, zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not zero)):
+        raise ConfigError(f"{flag} {value:g}: give a {'non-negative' if zero else 'positive'} number")
+
+
+@dataclass(frozen=True)
+class SloFlags(FlagGroup):
+    """What each step is judged against: the rules' SLO settings, as ``diagnose now`` names them."""
+
+    slo_p99_ms: Annotated[
+        float, typer.Option("--slo-p99-ms", parser=finite, help="p99 latency SLO in ms a step must hold.")
+    ]
+    slo_error_ratio: Annotated[
+        float | None,
+        typer.Option("--slo-error-ratio", parser=finite,
+                     help="Error ratio a step may have (default: slo.error_ratio if set, else 0.001)."),
+    ] = None  # fmt: skip
+    max_error_ratio: Annotated[
+        float | None,
+        typer.Option("--max-error-ratio", parser=finite, hidden=True, help="Old name of --slo-error-ratio."),
+    ] = None
+
+    def error_ratio(self, configured: float | None) -> float:
+        """The step's error-ratio SLO: the flag, the old flag, the config's, or the load test's default."""
+        if self.max_error_ratio is not None:
+            deprecated("--max-error-ratio", "--slo-error-ratio")
+            if self.slo_error_ratio is not None and self.slo_error_ratio != self.max_error_ratio:
+                raise ConfigError("--max-error-ratio is the old name of --slo-error-ratio: give one of them")
+        given = self.slo_error_ratio if self.slo_error_ratio is not None else self.max_error_ratio
+        if given is not None:
+            return given
+        return configured if configured is not None else DEFAULT_STEP_ERROR_RATIO
+
+
+@dataclass(frozen=True)
+class SearchFlags(FlagGroup):
+    """Which rates are tried, for how long, and when the search stops."""
+
+    start_rate: Annotated[
+        float | None, typer.Option("--start-rate", parser=finite, help="First step's req/s (default max/10).")
+    ] = None
+    max_rate: Annotated[
+        float | None,
+        typer.Option("--max-rate", parser=finite, help="Highest req/s (default and cap: capacity.max_rate)."),
+    ] = None
+    step_s: Annotated[float, typer.Option("--step-s", parser=finite, help="Seconds per step.")] = 30.0
+    steps: Annotated[
+        str | None, typer.Option("--steps", help="Fixed steps instead of a search: 1000,2000,3000.")
+    ] = None
+    growth: Annotated[
+        float, typer.Option("--growth", parser=finite, help="Each climbing step is this times the last.")
+    ] = 2.0
+    precision: Annotated[
+        float, typer.Option("--precision", parser=finite, help="Narrow the knee to this share of it.")
+    ] = 0.1
+    pause_s: Annotated[
+        float, typer.Option("--pause-s", parser=finite, help="Quiet seconds between steps.")
+    ] = 1.0
+    warmup_s: Annotated[
+        float,
+        typer.Option(
+            "--warmup-s", parser=finite, help="Unjudged seconds at the start rate before the first step."
+        ),
+    ] = 2.0
+    scout: Annotated[
+        bool, typer.Option("--scout/--no-scout", help="Cut climbing steps short once they clearly hold.")
+    ] = True
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", help="Never more steps than this.", min=1, max=50)
+    ] = 16
+    expect_rps: Annotated[
+        float | None,
+        typer.Option("--expect-rps", parser=finite, help="Exit 1 unless the capacity reaches this."),
+    ] = None
+
+    def options(self, settings: Settings) -> CapacityOptions:
+        """The search, checked against the capacity caps (``ConfigError`` naming the flag)."""
+        caps = capacity_caps(settings.capacity)
+        cap = caps.max_rate
+        for flag, value in (("--start-rate", self.start_rate), ("--max-rate", self.max_rate),
+                            ("--step-s", self.step_s), ("--expect-rps", self.expect_rps)):  # fmt: skip
+            _positive(flag, value)
+        _positive("--pause-s", self.pause_s, zero=True)
+        _positive("--warmup-s", self.warmup_s, zero=True)
+        # A pause or a warm-up is part of the run: no longer than a step may be.
+        for flag, value in (("--pause-s", self.pause_s), ("--warmup-s", self.warmup_s)):
+            if value > caps.max_duration_s:
+                raise ConfigError(
+                    f"{flag} {value:g}: at most {caps.max_duration_s:g} s "
+                    f"({caps.duration_setting}, the longest a step may be)"
+                )
+        max_rate = self.max_rate if self.max_rate is not None else cap
+        fixed = _parse_steps(self.steps)
+        if max_rate > cap or (fixed and fixed[-1] > cap):
+            raise ConfigError(
+                f"--max-rate/--steps above capacity.max_rate of {cap:g} req/s, the aggregate of every worker "
+                f"(raise it in the config, up to {caps.rate_ceiling:g})"
+            )
+        if fixed:
+            max_rate = fixed[-1]
+        start = self.start_rate if self.start_rate is not None else max(1.0, max_rate / 10)
+        if start > max_rate:
+            raise ConfigError(f"--start-rate {start:g} is above --max-rate {max_rate:g}")
+        if not 1 < self.growth <= 10 or not 0.01 <= self.precision < 1:
+            raise ConfigError("--growth must be in (1, 10] and --precision in [0.01, 1)")
+        return CapacityOptions(
+            start_rate=start,
+            max_rate=max_rate,
+            growth=self.growth,
+            precision=self.precision,
+            fixed_steps=fixed,
+            pause_s=self.pause_s,
+            warmup_s=self.warmup_s,
+            scout=self.scout,
+            max_steps=self.max_steps,
+            expect_rps=self.expect_rps,
         )
-    if fixed:
-        max_rate = fixed[-1]
-    start = args["start_rate"] if args["start_rate"] is not None else max(1.0, max_rate / 10)
-    if start > max_rate:
-        raise DiagnoserError(f"--start-rate {start:g} is above --max-rate {max_rate:g}")
-    if not 1 < args["growth"] <= 10 or not 0.01 <= args["precision"] < 1:
-        raise DiagnoserError("--growth must be in (1, 10] and --precision in [0.01, 1)")
-    return CapacityOptions(
-        start_rate=start,
-        max_rate=max_rate,
-        growth=args["growth"],
-        precision=args["precision"],
-        fixed_steps=fixed,
-        pause_s=args["pause_s"],
-        warmup_s=args["warmup_s"],
-        scout=args["scout"],
-        max_steps=args["max_steps"],
-        expect_rps=args["expect_rps"],
+
+
+@dataclass(frozen=True)
+class WorkerFlags(FlagGroup):
+    """Who sends the steps: this process, local worker processes, workers elsewhere, or pods."""
+
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", "-w", min=1, max=256,
+                     help="Local worker processes (default: one per core, no more than --max-rate needs)."),
+    ] = None  # fmt: skip
+    remote_workers: Annotated[
+        int | None,
+        typer.Option("--remote-workers", min=1, max=1000,
+                     help="Wait for N workers started elsewhere (diagnose worker) instead of local ones."),
+    ] = None  # fmt: skip
+    on_cluster: Annotated[
+        int | None,
+        typer.Option("--on-cluster", min=1, max=1000,
+                     help="Run N worker pods as a Kubernetes Indexed Job (see --advertise, --image)."),
+    ] = None  # fmt: skip
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen", help="host:port the coordinator waits for workers on (--on-cluster: --advertise's)."
+        ),
+    ] = None
+    advertise: Annotated[
+        str | None, typer.Option("--advertise", help="host:port the worker pods reach this coordinator at.")
+    ] = None
+    image: Annotated[str | None, typer.Option("--image", help="The worker pods' image (diagnoser's).")] = None
+    job_namespace: Annotated[
+        str | None, typer.Option("--job-namespace", help="Namespace of the worker Job [default: diagnoser].")
+    ] = None
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", hidden=True, help="Old name of --job-namespace.")
+    ] = None
+    render_job: Annotated[
+        Path | None,
+        typer.Option("--render-job", help="Write the worker Job to FILE (or -) instead of creating it."),
+    ] = None
+
+    def namespace_of_job(self) -> str:
+        if self.namespace is not None:
+            deprecated("--namespace", "--job-namespace")
+            if self.job_namespace is not None and self.job_namespace != self.namespace:
+                raise ConfigError("--namespace is the old name of --job-namespace: give one of them")
+        return self.job_namespace or self.namespace or "diagnoser"
+
+
+@dataclass(frozen=True)
+class ReportFlags(FlagGroup):
+    """What is printed, drawn and posted at the end."""
+
+    output: FormatOption = OutputFormat.table
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write p99/p50 against rate to FILE (.svg or .png).")
+    ] = None
+    slack: Annotated[bool, typer.Option("--slack", help="Post the report to the configured Slack once.")] = (
+        False
     )
 
 
-def _plan(
-    target: str,
-    settings: Settings,
-    step_s: float,
-    slo_p99_ms: float,
-    max_error_ratio: float,
-    grpc: GrpcRequest | None = None,
-) -> StepPlan:
+def _plan(target: str, settings: Settings, step_s: float, grpc: GrpcRequest) -> StepPlan:
     spec, explicit = build_spec(target, rate=1.0, duration_s=step_s, grpc=grpc)
     # The allowlist and the step's duration, up front.
     enforce_safety(spec, settings.probe, explicit_target=explicit, caps=capacity_caps(settings.capacity))
@@ -134,8 +285,8 @@ def _plan(
         explicit_target=explicit,
         step_s=step_s,
         min_step_s=min(step_s, max(3.0, step_s / 3)),
-        slo_p99_ms=slo_p99_ms,
-        max_error_ratio=max_error_ratio,
+        slo_p99_ms=settings.slo.p99_ms,
+        max_error_ratio=settings.slo.error_ratio,
     )
 
 
@@ -162,129 +313,55 @@ def _progress_printers(err: Console) -> tuple[Any, Any]:
     return on_progress, on_step
 
 
-Target = Annotated[
-    str, typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml.")
-]
-SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms a step must hold.")]
-ErrorRatio = Annotated[float, typer.Option("--max-error-ratio", help="Error ratio a step may have.")]
-StartRate = Annotated[float | None, typer.Option("--start-rate", help="First step's req/s (default max/10).")]
-MaxRate = Annotated[
-    float | None, typer.Option("--max-rate", help="Highest req/s (default and cap: probe.max_rate).")
-]
-StepSeconds = Annotated[float, typer.Option("--step-s", help="Seconds per step.")]
-FixedSteps = Annotated[
-    str | None, typer.Option("--steps", help="Fixed steps instead of a search: 1000,2000,3000.")
-]
-Growth = Annotated[float, typer.Option("--growth", help="Each climbing step is this times the last.")]
-Precision = Annotated[float, typer.Option("--precision", help="Narrow the knee to this share of it.")]
-PauseSeconds = Annotated[float, typer.Option("--pause-s", help="Quiet seconds between steps.")]
-WarmupSeconds = Annotated[
-    float, typer.Option("--warmup-s", help="Unjudged seconds at the start rate before the first step.")
-]
-MaxSteps = Annotated[int, typer.Option("--max-steps", help="Never more steps than this.", min=1, max=50)]
-ExpectRps = Annotated[
-    float | None, typer.Option("--expect-rps", help="Exit 1 unless the capacity reaches this.")
-]
-PrometheusUrl = Annotated[
-    str | None, typer.Option("--prometheus-url", help="Evaluate the rules at each step.")
-]
-PlotPath = Annotated[
-    Path | None, typer.Option("--plot", help="Write p99/p50 against rate to FILE (.svg or .png).")
-]
-Scout = Annotated[
-    bool, typer.Option("--scout/--no-scout", help="Cut climbing steps short once they clearly hold.")
-]
-PostToSlack = Annotated[bool, typer.Option("--slack", help="Post the report to the configured Slack once.")]
-Workers = Annotated[
-    int | None,
-    typer.Option("--workers", "-w", min=1, max=256,
-                 help="Local worker processes (default: one per core, no more than --max-rate needs)."),
-]  # fmt: skip
-RemoteWorkers = Annotated[
-    int | None,
-    typer.Option("--remote-workers", min=1, max=1000,
-                 help="Wait for N workers started elsewhere (diagnose worker) instead of local ones."),
-]  # fmt: skip
-OnCluster = Annotated[
-    int | None,
-    typer.Option("--on-cluster", min=1, max=1000,
-                 help="Run N worker pods as a Kubernetes Indexed Job (see --advertise, --image)."),
-]  # fmt: skip
-Listen = Annotated[
-    str | None, typer.Option("--listen", help="host:port the coordinator waits for workers on.")
-]
-Advertise = Annotated[
-    str | None, typer.Option("--advertise", help="host:port the worker pods reach this coordinator at.")
-]
-Image = Annotated[str | None, typer.Option("--image", help="The worker pods' image (diagnoser's).")]
-Namespace = Annotated[str, typer.Option("--namespace", help="Namespace of the worker Job.")]
-RenderJob = Annotated[
-    Path | None,
-    typer.Option("--render-job", help="Write the worker Job to FILE (or -) instead of creating it."),
-]
-
-
 @app.command("capacity")
+@grouped
 def capacity_command(
-    target: Target,
-    slo_p99_ms: SloP99,
-    max_error_ratio: ErrorRatio = 0.001,
-    start_rate: StartRate = None,
-    max_rate: MaxRate = None,
-    step_s: StepSeconds = 30.0,
-    steps: FixedSteps = None,
-    growth: Growth = 2.0,
-    precision: Precision = 0.1,
-    pause_s: PauseSeconds = 1.0,
-    warmup_s: WarmupSeconds = 2.0,
-    scout: Scout = True,
-    max_steps: MaxSteps = 16,
-    expect_rps: ExpectRps = None,
-    prometheus_url: PrometheusUrl = None,
+    target: Annotated[
+        str, typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml.")
+    ],
+    slo: SloFlags,
+    search: SearchFlags,
+    workers: WorkerFlags,
+    report: ReportFlags,
+    grpc: GrpcFlags,
+    prometheus_url: Annotated[
+        str | None, typer.Option("--prometheus-url", help="Evaluate the rules at each step.")
+    ] = None,
     config: ConfigOption = None,
-    output: FormatOption = OutputFormat.table,
-    plot: PlotPath = None,
-    slack: PostToSlack = False,
-    workers: Workers = None,
-    remote_workers: RemoteWorkers = None,
-    on_cluster: OnCluster = None,
-    listen: Listen = None,
-    advertise: Advertise = None,
-    image: Image = None,
-    namespace: Namespace = "diagnoser",
-    render_job: RenderJob = None,
-    data: GrpcDataOption = None,
-    proto: GrpcProtoOption = None,
-    import_path: GrpcImportPathOption = None,
-    metadata: GrpcMetadataOption = None,
 ) -> None:
     """Step open-loop load up to the SLO's knee; name the cause that appears there."""
     err = stderr
-    settings = load_cli_settings(config, _overrides(slo_p99_ms, max_error_ratio, prometheus_url))
     try:
-        options = _options(
-            settings,
-            dict(start_rate=start_rate, max_rate=max_rate, steps=steps, growth=growth, precision=precision,
-                 pause_s=pause_s, warmup_s=warmup_s, scout=scout, max_steps=max_steps, expect_rps=expect_rps),
-        )  # fmt: skip
-        grpc = grpc_request(data, proto, import_path, metadata)
-        plan = _plan(target, settings, step_s, slo_p99_ms, max_error_ratio, grpc)
-        if plot is not None:
-            check_plot_path(plot)
-        sender = _slack_sender(settings) if slack else None
-        choice = _workers(settings, options, dict(
-            workers=workers, remote_workers=remote_workers, on_cluster=on_cluster, listen=listen,
-            advertise=advertise, image=image, namespace=namespace, render_job=render_job))  # fmt: skip
+        settings = _settings(config, slo, prometheus_url)
+        options = search.options(settings)
+        plan = _plan(target, settings, search.step_s, grpc.request())
+        if report.plot is not None:
+            check_plot_path(report.plot)
+        sender = _slack_sender(settings) if report.slack else None
+        choice = _workers(settings, options, plan, workers)
     except DiagnoserError as exc:
         raise fail(str(exc)) from exc
     on_progress, on_step = _progress_printers(err) if err.is_terminal else (None, None)
     run = CapacityRun(
         plan, settings, options, on_progress=on_progress, on_step=on_step, launcher=choice.launcher
     )
-    report = _measure(run, choice)
-    _print(report, output)
-    _write_and_post(report, plot, sender, err)
-    raise typer.Exit(report.exit_code)
+    result = _measure(run, choice)
+    _print(result, report.output)
+    _write_and_post(result, report.plot, sender, err)
+    raise typer.Exit(result.exit_code)
+
+
+def _settings(config: Path | None, slo: SloFlags, prometheus_url: PrometheusOption) -> Settings:
+    """The settings with the SLO of this run over them (the rules judge each step by it too)."""
+    overrides: dict[str, Any] = {"slo": {"p99_ms": slo.slo_p99_ms}}
+    if prometheus_url:
+        overrides["prometheus"] = {"url": prometheus_url}
+    settings = load_cli_settings(config, overrides)
+    configured = settings.slo.error_ratio if "error_ratio" in settings.slo.model_fields_set else None
+    error_ratio = slo.error_ratio(configured)
+    return load_cli_settings(
+        config, {**overrides, "slo": {"p99_ms": slo.slo_p99_ms, "error_ratio": error_ratio}}
+    )
 
 
 def _write_and_post(report: CapacityReport, plot: Path | None, sender: Any, err: Console) -> None:
@@ -293,13 +370,6 @@ def _write_and_post(report: CapacityReport, plot: Path | None, sender: Any, err:
         write_plot(report, plot)
     if sender is not None:
         _post_to_slack(sender, report, err)
-
-
-def _overrides(slo_p99_ms: float, max_error_ratio: float, prometheus_url: str | None) -> dict[str, Any]:
-    overrides: dict[str, Any] = {"slo": {"p99_ms": slo_p99_ms, "error_ratio": max_error_ratio}}
-    if prometheus_url:
-        overrides["prometheus"] = {"url": prometheus_url}
-    return overrides
 
 
 def _measure(run: CapacityRun, choice: _WorkerChoice) -> CapacityReport:
@@ -322,41 +392,96 @@ class _WorkerChoice:
     render_to: Path | None = None
 
 
-def _workers(settings: Settings, options: CapacityOptions, args: dict[str, Any]) -> _WorkerChoice:
+def _workers(
+    settings: Settings, options: CapacityOptions, plan: StepPlan, flags: WorkerFlags
+) -> _WorkerChoice:
     """Who sends the steps: this process, local worker processes, workers elsewhere, or pods."""
-    if sum(1 for key in ("workers", "remote_workers", "on_cluster") if args[key] is not None) > 1:
-        raise DiagnoserError("give only one of --workers, --remote-workers, --on-cluster")
-    if args["on_cluster"] is not None or args["remote_workers"] is not None:
-        listen = _address("--listen", args["listen"] or ("0.0.0.0:7070" if args["on_cluster"] else None))
-        token = os.environ.get(TOKEN_ENV) or (secrets.token_hex(16) if args["on_cluster"] else "")
-        if not token:
-            raise DiagnoserError(f"--remote-workers: set {TOKEN_ENV} for the coordinator and its workers")
-        count = args["on_cluster"] or args["remote_workers"]
-        pool = WorkerPool(count, spawn=False, listen=listen, token=token, startup_s=300.0)
+    if sum(1 for n in (flags.workers, flags.remote_workers, flags.on_cluster) if n is not None) > 1:
+        raise ConfigError("give only one of --workers, --remote-workers, --on-cluster")
+    spec = plan.spec
+    limits = WorkerLimits.of(settings.probe, capacity_caps(settings.capacity),
+                             [spec.host] if plan.explicit_target else [])  # fmt: skip
+    namespace = flags.namespace_of_job()
+    if flags.on_cluster is not None or flags.remote_workers is not None:
+        token = _token(generate=flags.on_cluster is not None)
+        count = flags.on_cluster or flags.remote_workers or 1
         cluster = None
-        if args["on_cluster"] is not None:
-            if not args["advertise"]:
-                raise DiagnoserError("--on-cluster needs --advertise HOST:PORT (where the pods reach this)")
-            image = args["image"] or DEFAULT_IMAGE
-            cluster = ClusterPlan(count, args["advertise"], token, image=image, namespace=args["namespace"])
+        if flags.on_cluster is not None:
+            if not flags.advertise:
+                raise ConfigError("--on-cluster needs --advertise HOST:PORT (where the pods reach this)")
+            image = flags.image or DEFAULT_IMAGE
+            cluster = ClusterPlan(
+                count, flags.advertise, token, image=image, namespace=namespace, limits=limits
+            )
             check_cluster_plan(cluster)
-        return _WorkerChoice(pool, pool, cluster, args["render_job"])
-    if args["listen"] or args["advertise"] or args["render_job"]:
-        raise DiagnoserError("--listen, --advertise, --render-job go with --remote-workers or --on-cluster")
-    count = args["workers"] or settings.capacity.workers or default_workers(options.max_rate)
+        listen = _listen(flags)
+        check_listen("--listen", *listen)
+        pool = WorkerPool(count, spawn=False, listen=listen, token=token, startup_s=300.0)
+        if (
+            flags.render_job is not None
+            and str(flags.render_job) != "-"
+            and not flags.render_job.parent.is_dir()
+        ):
+            raise ConfigError(
+                f"--render-job {flags.render_job}: directory {flags.render_job.parent} does not exist"
+            )
+        return _WorkerChoice(pool, pool, cluster, flags.render_job)
+    if flags.listen or flags.advertise or flags.render_job:
+        raise ConfigError("--listen, --advertise, --render-job go with --remote-workers or --on-cluster")
+    count = flags.workers or settings.capacity.workers or default_workers(options.max_rate)
     if count == 1:
         return _WorkerChoice(InProcess())
-    pool = WorkerPool(count)
+    pool = WorkerPool(count, limits=limits)
     return _WorkerChoice(pool, pool)
 
 
-def _address(flag: str, text: str | None) -> tuple[str, int]:
-    if text is None:
-        raise DiagnoserError(f"{flag} HOST:PORT is needed with --remote-workers")
+def _token(*, generate: bool) -> str:
+    """``$DIAGNOSER_WORKER_TOKEN`` (checked), or a new token for the pods of ``--on-cluster``."""
+    if generate and not os.environ.get(TOKEN_ENV):
+        return new_token()
+    return worker_token()
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _listen(flags: WorkerFlags) -> tuple[str, int]:
+    """Where the coordinator listens; for pods, one address of this machine, never all of them."""
+    if flags.on_cluster is not None and flags.advertise is not None:
+        text = flags.listen or flags.advertise
+        host, port = _address("--listen" if flags.listen else "--advertise", text)
+        if host in _WILDCARDS:
+            raise ConfigError(
+                f"--listen {text}: the workers' port is open to the pods only on the pod's own address; "
+                "give it (the pod IP), not a wildcard"
+            )
+        if flags.listen is None and not _is_local(host):
+            raise ConfigError(
+                f"--advertise {flags.advertise} is not an address of this machine (a Service's, or NAT): "
+                "give --listen POD_IP:PORT too"
+            )
+        return host, port
+    if flags.listen is None:
+        raise ConfigError("--listen HOST:PORT is needed with --remote-workers")
+    return _address("--listen", flags.listen)
+
+
+def _is_local(host: str) -> bool:
+    """Whether ``host`` is an IP address this machine can listen on."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+def _address(flag: str, text: str) -> tuple[str, int]:
     try:
         return parse_address(text)
     except ValueError as exc:
-        raise DiagnoserError(f"{flag}: {exc}") from exc
+        raise ConfigError(f"{flag}: {exc}") from exc
 
 
 async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityReport:
@@ -367,7 +492,8 @@ async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityRepo
     pool = choice.pool
     if pool is None:
         return await run.run()
-    objects = render_worker_job(choice.cluster) if choice.cluster is not None else None
+    cluster = choice.cluster
+    objects = render_worker_job(cluster, suspended=choice.render_to is None) if cluster is not None else None
     created = False
     try:
         await pool.open()
@@ -405,12 +531,22 @@ async def _barrier(pool: WorkerPool, run: CapacityRun) -> None:
 
 
 def _write_manifest(objects: list[dict[str, Any]], path: Path) -> None:
+    """The Job and its Secret as YAML: to stdout, or to a file only its owner can read (the token)."""
     text = yaml.safe_dump_all(objects, sort_keys=False)
     if str(path) == "-":
         sys.stdout.write(text)
     else:
-        path.write_text(text, encoding="utf-8")
-    stderr.print(f"worker Job written to {path}: apply it; waiting for its pods", markup=False)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), 0o600)  # a file that was there before keeps no wider mode
+            out.write(text)
+    run = objects[0]["metadata"]["labels"][RUN_LABEL]
+    stderr.print(
+        f"worker Job written to {path}: apply it (delete it after with kubectl delete -f, or "
+        f"kubectl delete job,secret -l {RUN_LABEL}={run}); waiting for its pods",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _print(report: CapacityReport, output: OutputFormat) -> None:

@@ -16,17 +16,15 @@ import typer
 from diagnoser.cli.app import (
     ConfigOption,
     FormatOption,
-    GrpcDataOption,
-    GrpcImportPathOption,
-    GrpcMetadataOption,
-    GrpcProtoOption,
+    GrpcFlags,
     OutputFormat,
     PrometheusOption,
     app,
     check_inputs_or_exit,
     configure_logging,
     fail,
-    grpc_request,
+    finite,
+    grouped,
     load_cli_rules,
     load_cli_settings,
     run_loop,
@@ -58,11 +56,13 @@ At = Annotated[
         help="Evaluate as of this instant: RFC 3339 with a zone, unix seconds, or a time ago (-30m, 2h).",
     ),
 ]
-SloP99 = Annotated[float | None, typer.Option("--slo-p99-ms", help="p99 latency SLO in ms.")]
-SloErrors = Annotated[float | None, typer.Option("--slo-error-ratio", help="Error ratio SLO, e.g. 0.01.")]
+SloP99 = Annotated[float | None, typer.Option("--slo-p99-ms", parser=finite, help="p99 latency SLO in ms.")]
+SloErrors = Annotated[
+    float | None, typer.Option("--slo-error-ratio", parser=finite, help="Error ratio SLO, e.g. 0.01.")
+]
 RuleDirs = Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory (repeatable).")]
 DeadlineSeconds = Annotated[
-    float | None, typer.Option("--deadline", help="Overall deadline in seconds for all rules.")
+    float | None, typer.Option("--deadline", parser=finite, help="Overall deadline in seconds for all rules.")
 ]
 Kubeconfig = Annotated[
     Path | None, typer.Option("--kubeconfig", help="Read Kubernetes with this kubeconfig.")
@@ -76,7 +76,8 @@ Namespaces = Annotated[
     typer.Option(
         "--namespace",
         "-n",
-        help="Only this namespace (repeatable): Kubernetes reads, and findings by their namespace label.",
+        help="Only this namespace (repeatable): Kubernetes reads, and findings by their namespace label "
+        "(the report's scope; capacity's --job-namespace is where its worker Job goes).",
     ),
 ]
 MinSeverity = Annotated[
@@ -95,8 +96,10 @@ Slowlogs = Annotated[
     typer.Option("--slowlog", help="Elasticsearch slow log file or directory (repeatable)."),
 ]
 Probe = Annotated[str | None, typer.Option("--probe", help="Probe first: a probes/*.yaml file or a URL.")]
-ProbeRate = Annotated[float, typer.Option("--probe-rate", help="Requests/s for --probe URL.")]
-ProbeDuration = Annotated[float, typer.Option("--probe-duration", help="Seconds for --probe URL.")]
+ProbeRate = Annotated[float, typer.Option("--probe-rate", parser=finite, help="Requests/s for --probe URL.")]
+ProbeDuration = Annotated[
+    float, typer.Option("--probe-duration", parser=finite, help="Seconds for --probe URL.")
+]
 Verbose = Annotated[
     int,
     typer.Option(
@@ -143,7 +146,9 @@ class _SourceFlags:
 
 
 @app.command()
+@grouped
 def now(
+    *,
     config: ConfigOption = None,
     prometheus_url: PrometheusOption = None,
     at: At = None,
@@ -164,10 +169,7 @@ def now(
     probe: Probe = None,
     probe_rate: ProbeRate = 10.0,
     probe_duration: ProbeDuration = 10.0,
-    data: GrpcDataOption = None,
-    proto: GrpcProtoOption = None,
-    import_path: GrpcImportPathOption = None,
-    metadata: GrpcMetadataOption = None,
+    grpc_flags: GrpcFlags,
     verbose: Verbose = 0,
 ) -> None:
     """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
@@ -188,13 +190,14 @@ def now(
     if deadline is not None:
         overrides["deadline_s"] = deadline
     settings = load_cli_settings(config, overrides)
+    configure_logging(verbose, settings)  # again, now that its secrets are known: they are masked
     credentials = check_inputs_or_exit(settings)
     try:
         instant = parse_instant(at) if at else datetime.now(UTC)
     except ValueError as exc:
         raise fail(f"--at: {exc}") from exc
     scope, ruleset = _selected_rules(settings, rules_dir, severity, cause or [], rule or [], namespace or [])
-    grpc = grpc_request(data, proto, import_path, metadata)
+    grpc = grpc_flags.request()
     if grpc.given and not probe:
         raise fail("--data, --proto, --import-path and --metadata go with --probe grpc://...")
     prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings, grpc) if probe else None
@@ -277,8 +280,13 @@ def _diagnose_with_spinner(run: _Run, prepared_probe: ProbeSupplier | None) -> D
 def _prepare_probe(
     target: str, rate: float, duration: float, settings: Settings, grpc: GrpcRequest
 ) -> PreparedProbe:
+    # A gRPC target's types are resolved now, within the run's deadline (it counts from the
+    # process's start, as the rules' does).
+    left = Deadline.of_process(settings.deadline_s).left_s()
     try:
-        return prepare_probe(target, rate=rate, duration_s=duration, settings=settings.probe, grpc=grpc)
+        return prepare_probe(
+            target, rate=rate, duration_s=duration, settings=settings.probe, grpc=grpc, within_s=left
+        )
     except DiagnoserError as exc:
         raise fail(str(exc)) from exc
 

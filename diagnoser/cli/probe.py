@@ -29,16 +29,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from diagnoser.cli.app import (
     ConfigOption,
-    FormatOption,
-    GrpcDataOption,
-    GrpcImportPathOption,
-    GrpcMetadataOption,
-    GrpcProtoOption,
-    OutputFormat,
+    GrpcFlags,
+    TableOrJson,
+    TableOrJsonOption,
     app,
-    check_format,
     fail,
-    grpc_request,
+    finite,
+    grouped,
     load_cli_settings,
     run_loop,
     stderr,
@@ -97,20 +94,26 @@ async def _run_with_progress(probe: PreparedProbe, console: Console, show_progre
 
 
 @app.command("probe")
+@grouped
 def probe_command(
     target: Annotated[
         str,
         typer.Argument(help="A URL (http(s)://, grpc(s)://host:port/pkg.Svc/Method) or a probes/*.yaml."),
     ],
+    *,
     rate: Annotated[
-        float | None, typer.Option("--rate", "-r", help="Requests per second (default 10 for a URL).")
+        float | None,
+        typer.Option("--rate", "-r", parser=finite, help="Requests per second (default 10 for a URL)."),
     ] = None,
     duration: Annotated[
-        float | None, typer.Option("--duration", "-d", help="Seconds to run (default 10 for a URL).")
+        float | None,
+        typer.Option("--duration", "-d", parser=finite, help="Seconds to run (default 10 for a URL)."),
     ] = None,
     ramp: Annotated[
         float | None,
-        typer.Option("--ramp", help="Seconds to ramp up from 1 req/s to --rate before holding it."),
+        typer.Option(
+            "--ramp", parser=finite, help="Seconds to ramp up from 1 req/s to --rate before holding it."
+        ),
     ] = None,
     workers: Annotated[
         int | None,
@@ -122,19 +125,15 @@ def probe_command(
         typer.Option("--load-test", help="An explicit load test: capacity.* caps (up to 100,000 req/s) "
                      "instead of the probe's (up to 1,000)."),
     ] = False,
-    output: FormatOption = OutputFormat.table,
+    output: TableOrJsonOption = TableOrJson.table,
     config: ConfigOption = None,
-    data: GrpcDataOption = None,
-    proto: GrpcProtoOption = None,
-    import_path: GrpcImportPathOption = None,
-    metadata: GrpcMetadataOption = None,
+    grpc_flags: GrpcFlags,
 ) -> None:
     """Send a steady open-loop load and report latency percentiles, errors and bad answers."""
-    check_format(output, (OutputFormat.table, OutputFormat.json))
     settings = load_cli_settings(config)
     caps = capacity_caps(settings.capacity) if load_test else None
     try:
-        grpc = grpc_request(data, proto, import_path, metadata)
+        grpc = grpc_flags.request()
         spec, explicit = build_spec(target, rate=rate, duration_s=duration, ramp_s=ramp, grpc=grpc)
         count = workers or settings.capacity.workers
         probe = PreparedProbe(spec, settings.probe, explicit_target=explicit, caps=caps, workers=count)
@@ -144,7 +143,7 @@ def probe_command(
         raise fail(str(exc), code=1) from exc
     except DiagnoserError as exc:  # a bad target, a safety refusal, the resolved address refused
         raise fail(str(exc)) from exc
-    if output is OutputFormat.json:
+    if output is TableOrJson.json:
         sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
     else:
         stdout.print(render_report(result))

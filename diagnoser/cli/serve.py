@@ -25,15 +25,16 @@ from diagnoser.cli.app import (
     PrometheusOption,
     app,
     check_inputs_or_exit,
+    check_listen,
     fail,
     load_cli_settings,
     run_loop,
 )
-from diagnoser.config import configured_sources
+from diagnoser.config import configured_sources, parse_listen_address
 from diagnoser.daemon.logs import configure_logging
-from diagnoser.errors import DiagnoserError
+from diagnoser.errors import ConfigError, DiagnoserError
 
-__all__ = ["LogFormat", "serve_command"]
+__all__ = ["LogFormat", "LogLevel", "serve_command"]
 
 log = logging.getLogger("diagnoser.serve")
 
@@ -43,6 +44,13 @@ class LogFormat(StrEnum):
     json = "json"
 
 
+class LogLevel(StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
 @app.command("serve")
 def serve_command(
     config: ConfigOption = None,
@@ -50,7 +58,9 @@ def serve_command(
     log_format: Annotated[LogFormat, typer.Option("--log-format", help="Log lines as text or JSON.")] = (
         LogFormat.text
     ),
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: Annotated[
+        LogLevel, typer.Option("--log-level", case_sensitive=False, help="The lowest level logged.")
+    ] = LogLevel.INFO,
     verbose: Annotated[
         int,
         typer.Option(
@@ -91,7 +101,11 @@ def serve_command(
             "no source configured: set prometheus.url, kubernetes, elasticsearch or "
             "daemon.probe_files (or give --prometheus-url)"
         )
-    configure_logging(settings, log_format=log_format.value, level=log_level, verbose=verbose)
+    try:
+        check_listen("--listen", *parse_listen_address(settings.daemon.listen))
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    configure_logging(settings, log_format=log_format.value, level=log_level.value, verbose=verbose)
     from diagnoser.daemon import run_daemon
 
     try:
@@ -107,6 +121,8 @@ def _replay(path: Path) -> None:
     """Requeue the dead letters of the state file at ``path`` in their places; say how many."""
     from diagnoser.daemon.state import StateStore
 
+    if not Path(path).is_file():  # a mistyped path must not become an empty state
+        raise fail(f"--state {path}: no state file there, so no dead letters to replay")
     try:
         store = StateStore(Path(path))
     except DiagnoserError as exc:

@@ -6,14 +6,16 @@
 Per service: each signal (``pool.used``, ``http.server.duration``...) and resource with a limit,
 the convention that answers it or ``inferred (...)`` saying from what, the metric, the unit it is
 read in and the labels; then what looks like a duration, a pool or a limit but was not
-recognised, and why. Exit 0, or 2 for a usage error; a Prometheus that cannot be read is printed
-as an error and exits 1.
+recognised, and why. A terminal wide enough for every column on one line gets a table per
+service; a narrower one (80 columns) one block per signal, its fields one per line. Exit 0, or 2
+for a usage error; a Prometheus that cannot be read is printed as an error and exits 1.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -24,11 +26,10 @@ from rich.table import Table
 
 from diagnoser.cli.app import (
     ConfigOption,
-    FormatOption,
-    OutputFormat,
     PrometheusOption,
+    TableOrJson,
+    TableOrJsonOption,
     app,
-    check_format,
     fail,
     load_cli_settings,
     run_loop,
@@ -37,7 +38,7 @@ from diagnoser.cli.app import (
 from diagnoser.cli.timeparse import parse_instant
 from diagnoser.promql import duration_seconds
 from diagnoser.signals import load_catalogue
-from diagnoser.signals.inventory import Inventory, inventory
+from diagnoser.signals.inventory import Inventory, Recognised, inventory
 from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["signals"]
@@ -55,10 +56,9 @@ def signals(
     config: ConfigOption = None,
     prometheus_url: PrometheusOption = None,
     at: At = None,
-    output: FormatOption = OutputFormat.table,
+    output: TableOrJsonOption = TableOrJson.table,
 ) -> None:
     """What was recognised on a Prometheus, per service, and what looks like a signal but was not."""
-    check_format(output, (OutputFormat.table, OutputFormat.json))
     overrides: dict[str, Any] = {"prometheus": {"url": prometheus_url}} if prometheus_url else {}
     settings = load_cli_settings(config, overrides)
     if not settings.prometheus.url:
@@ -78,7 +78,7 @@ def signals(
             await source.aclose()
 
     found = run_loop(read())
-    if output is OutputFormat.json:
+    if output is TableOrJson.json:
         sys.stdout.write(json.dumps(as_json(found, instant), indent=2) + "\n")
     else:
         _print_table(found, instant)
@@ -102,20 +102,58 @@ def as_json(found: Inventory, at: datetime) -> dict[str, Any]:
     }
 
 
+_COLUMNS = ("signal", "convention", "metric", "kind", "unit", "labels")
+_KEY_WIDTH = 12
+
+
+def _cells(row: Recognised) -> tuple[str, str, str, str, str, str]:
+    labels = ", ".join(f"{k}={v}" for k, v in row.labels.items())
+    kind = f"{row.histogram} histogram" if row.histogram else ""
+    return row.signal, row.convention, row.metric, kind, row.unit, labels
+
+
+def _fits(rows: list[Recognised], width: int) -> bool:
+    """Whether a table of ``rows`` fits ``width`` with every cell on one line."""
+    widest = [max([len(name), *(len(_cells(r)[i]) for r in rows)]) for i, name in enumerate(_COLUMNS)]
+    return sum(widest) + 2 * (len(_COLUMNS) - 1) <= width
+
+
+def _table(rows: list[Recognised]) -> Table:
+    table = Table(box=box.SIMPLE, pad_edge=False)
+    for column in _COLUMNS:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*_cells(row))
+    return table
+
+
+def _blocks(rows: list[Recognised], width: int) -> str:
+    """One block per signal: its name, then each field on a line of its own, long values folded under."""
+    indent = " " * (2 + _KEY_WIDTH)
+    blocks = []
+    for row in rows:
+        signal, convention, metric, kind, unit, labels = _cells(row)
+        lines = [signal]
+        for name, value in (("convention", convention), ("metric", metric), ("kind", kind), ("unit", unit),
+                            ("labels", labels), ("caveat", row.caveat or "")):  # fmt: skip
+            if value:
+                lead = f"  {name:<{_KEY_WIDTH}}"
+                lines += textwrap.wrap(value, max(20, width), initial_indent=lead, subsequent_indent=indent,
+                                       break_on_hyphens=False)  # fmt: skip
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def _print_table(found: Inventory, at: datetime) -> None:
     stdout.print(f"signals at {at:%Y-%m-%d %H:%M:%SZ}", highlight=False)
     for service in found.services():
         stdout.print(f"\n[bold]{service}[/bold]", highlight=False)
         rows = [r for r in found.recognised if r.service == service]
         if rows:
-            table = Table(box=box.SIMPLE, pad_edge=False)
-            for column in ("signal", "convention", "metric", "kind", "unit", "labels"):
-                table.add_column(column, overflow="fold")
-            for r in rows:
-                labels = ", ".join(f"{k}={v}" for k, v in r.labels.items())
-                kind = f"{r.histogram} histogram" if r.histogram else ""
-                table.add_row(r.signal, r.convention, r.metric, kind, r.unit, labels)
-            stdout.print(table)
+            if _fits(rows, stdout.width):
+                stdout.print(_table(rows))
+            else:
+                stdout.print(_blocks(rows, stdout.width), markup=False, highlight=False, soft_wrap=True)
         for u in (u for u in found.unrecognised if u.service == service):
             stdout.print(
                 f"  not recognised: {u.metric} (looks like a {u.looks_like}): {u.reason}",

@@ -29,7 +29,10 @@ def parse_instant(text: str, *, now: datetime | None = None) -> datetime:
     if is_duration(ago):
         if sign == "+":
             raise ValueError(f"{text!r} is in the future: --at looks back (-30m or 30m: thirty minutes ago)")
-        return now - timedelta(seconds=duration_seconds(ago))
+        try:
+            return now - timedelta(seconds=duration_seconds(ago))
+        except (OverflowError, ValueError):  # further back than a datetime reaches
+            raise ValueError(f"{text!r} is further back than any time diagnoser can read") from None
     try:
         parsed = datetime.fromtimestamp(float(value), UTC)
     except ValueError:

@@ -17,7 +17,24 @@ DEFAULT_RUNBOOK_BASE_URL = "https://github.com/diagnoser/diagnoser/blob/main/rul
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity are never a cap, a timeout or a threshold: refused as for any bad number.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def http_url(value: str, what: str = "URL") -> str:
+    """``value`` when it is an ``http(s)://`` URL with a host and a valid port; ValueError saying why not."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{value!r}: a {what} starts with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"{value!r}: a {what} needs a host (no host given)")
+    if any(c.isspace() for c in value) or (port is not None and port == 0):
+        raise ValueError(f"{value!r} is not a URL (spaces, or port 0)")
+    return value
 
 
 class BasicAuth(_Section):
@@ -37,6 +54,11 @@ class PrometheusSettings(_Section):
     query_timeout_s: float = Field(default=10.0, gt=0)
     max_concurrency: int = Field(default=16, ge=1, le=256)
 
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return http_url(value, "PromQL API URL") if value else value
+
 
 class SloSettings(_Section):
     p99_ms: float = Field(default=500.0, gt=0)
@@ -53,6 +75,11 @@ class ElasticsearchSettings(_Section):
     timeout_s: float = Field(default=10.0, gt=0)
     slowlog_paths: list[Path] = Field(default_factory=list)
     slowlog_index: str | None = None
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        return [http_url(url, "Elasticsearch URL") for url in value]
 
 
 class KubernetesSettings(_Section):

@@ -7,12 +7,14 @@ exist, the Kubernetes credentials that must load.
 from __future__ import annotations
 
 import difflib
+import json
+import os
+import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from diagnoser.config.sections import (
     DEFAULT_RUNBOOK_BASE_URL,
@@ -28,14 +30,18 @@ from diagnoser.config.sections import (
 )
 from diagnoser.errors import ConfigError
 from diagnoser.promql import duration_seconds, is_duration
-from diagnoser.yamlfile import load_yaml
+from diagnoser.yamlfile import read_yaml
 
 
 class Settings(BaseSettings):
     """All of diagnoser's configuration. Build it with :func:`load_settings`."""
 
     model_config = SettingsConfigDict(
-        env_prefix="DIAGNOSER_", env_nested_delimiter="__", extra="forbid", validate_default=True
+        env_prefix="DIAGNOSER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+        allow_inf_nan=False,
     )
 
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
@@ -136,12 +142,7 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     """
     data: dict[str, Any] = {}
     if path is not None:
-        try:
-            loaded = load_yaml(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        loaded = read_yaml(path, "config")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -156,7 +157,52 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
         where = f"{path}: " if path else ""
         problems = "; ".join(_describe(err) for err in exc.errors())
         raise ConfigError(f"{where}invalid configuration: {problems}") from exc
+    except SettingsError as exc:  # a variable pydantic-settings could not decode at all
+        raise ConfigError(_environment_problem(exc)) from exc
     return settings
+
+
+def _environment_problem(exc: SettingsError) -> str:
+    """Which ``DIAGNOSER_*`` variable holds a list or mapping that is not JSON, and how to write one."""
+    for key, value in sorted(os.environ.items()):
+        if not key.upper().startswith(_ENV_PREFIX):
+            continue
+        annotation = _annotation_at(key[len(_ENV_PREFIX) :].lower().split("__"))
+        if annotation is None or not _takes_json(annotation):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            example = '{"X-Key": "value"}' if _takes_json(annotation, dict) else '["a", "b"]'
+            return f"{key}: not JSON; a list or mapping setting is written as JSON, e.g. {key}='{example}'"
+    return f"the environment: {exc}"
+
+
+_ENV_PREFIX = "DIAGNOSER_"
+
+
+def _annotation_at(path: list[str]) -> Any:
+    """The annotation of the setting at ``path`` (``["prometheus", "headers"]``), or ``None``."""
+    model: Any = Settings
+    annotation: Any = None
+    for name in path:
+        fields = getattr(model, "model_fields", None) if isinstance(model, type) else None
+        if not fields or name not in fields:
+            return None
+        annotation = fields[name].annotation
+        candidates = [annotation, *typing.get_args(annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return annotation
+
+
+def _takes_json(annotation: Any, kind: type | None = None) -> bool:
+    """Whether a variable gives this setting as JSON (a list, a mapping, a model); of ``kind`` if given."""
+    kinds: tuple[type, ...] = (kind,) if kind is not None else (list, dict, set, tuple, BaseModel)
+    for candidate in (annotation, *typing.get_args(annotation)):
+        origin = typing.get_origin(candidate) or candidate
+        if isinstance(origin, type) and issubclass(origin, kinds):
+            return True
+    return False
 
 
 def _describe(error: Any) -> str:

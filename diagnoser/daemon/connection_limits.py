@@ -8,7 +8,9 @@ holds a socket and a task each for as long as it likes. :func:`start_limited_ser
   address, so one client (a broken retry loop, a slowloris) cannot take the whole cap (nginx's
   ``limit_conn`` keyed by ``$binary_remote_addr`` is the same idea);
 - beyond ``max_connections`` in all, keeps ``probe_reserve`` more connections for the health
-  probes only (:func:`probe_reserve_middleware`), and answers ``503`` and closes any further one;
+  probes only (:func:`probe_reserve_middleware`); once those are taken too, a new connection
+  takes the place of the oldest one that has not finished sending its first request's headers
+  (answered ``503`` and closed), and only when every connection has, is it refused (``503``);
 - answers ``408`` and closes a connection whose first request's headers are not complete
   ``header_timeout_s`` after it opened (later requests on a kept-alive connection are bounded
   by aiohttp's ``keepalive_timeout``, which the daemon sets to the same value). ::
@@ -29,7 +31,10 @@ is busy but alive, where otherwise a full cap would read as a dead process and g
 (kube-apiserver likewise exempts ``/healthz``, ``/livez`` and ``/readyz`` from its request
 limits). A reserved connection answers one probe and is closed; anything else on it is ``503``.
 The reserve obeys the per-peer limit too, so one client cannot fill it; many clients together
-can, until the header deadline frees their connections.
+could, until the header deadline freed their connections, which is why a connection that has not
+sent its headers yet gives its place to a new one: clients spread over many addresses that hold
+half-sent requests (a slowloris) keep nobody out, since a probe's request arrives whole within
+milliseconds of its connection and the oldest half-sent one is closed for it.
 """
 
 from __future__ import annotations
@@ -69,22 +74,38 @@ class ConnectionLimits:
     by_peer: Counter[str] = field(default_factory=Counter)
     #: The transports of the connections open in the reserve.
     reserved: set[object] = field(default_factory=set)
+    #: Connections still sending their first request's headers, oldest first (each can give its
+    #: place to a new connection when every place is taken).
+    waiting: dict[object, Callable[[], None]] = field(default_factory=dict)
 
-    def admit(self, transport: asyncio.Transport, peer: str) -> str | None:
-        """Count a new connection from ``peer`` in, or say why it is dropped."""
+    def admit(self, transport: asyncio.Transport, peer: str, evict: Callable[[], None]) -> str | None:
+        """Count a new connection from ``peer`` in, or say why it is dropped.
+
+        ``evict`` closes this connection should a newer one need its place before its headers
+        are in (:meth:`headers_done` says they are)."""
         if self.by_peer[peer] >= self.max_per_peer:
             return "peer_cap"
         if self.open < self.max_connections:
             self.open += 1
         elif len(self.reserved) < self.probe_reserve:
             self.reserved.add(transport)
+        elif self.waiting:
+            oldest = next(iter(self.waiting))
+            self.waiting.pop(oldest)()  # it releases its place at once, in this call
+            return self.admit(transport, peer, evict)
         else:
             return "connection_cap"
         self.by_peer[peer] += 1
+        self.waiting[transport] = evict
         return None
+
+    def headers_done(self, transport: asyncio.Transport) -> None:
+        """The connection's first request has all its headers: it keeps its place."""
+        self.waiting.pop(transport, None)
 
     def release(self, transport: asyncio.Transport, peer: str) -> None:
         """Count a connection :meth:`admit` let in out again."""
+        self.waiting.pop(transport, None)
         if transport in self.reserved:
             self.reserved.discard(transport)
         else:
@@ -111,6 +132,8 @@ class _LimitedProtocol(asyncio.Protocol):
         self._loop = loop
         self._transport: asyncio.Transport | None = None
         self._counted = False
+        #: Closed to make room for a newer connection: aiohttp still hears of its end.
+        self._evicted = False
         self._peer = ""
         self._timer: asyncio.TimerHandle | None = None
         self._head_tail = b""
@@ -120,7 +143,7 @@ class _LimitedProtocol(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
         self._peer = _peer(transport)
-        refused = self._limits.admit(transport, self._peer)
+        refused = self._limits.admit(transport, self._peer, self._evict)
         if refused is not None:
             self._limits.on_drop(refused)
             transport.write(_TOO_MANY)
@@ -129,6 +152,25 @@ class _LimitedProtocol(asyncio.Protocol):
         self._counted = True
         self._timer = self._loop.call_later(self._limits.header_timeout_s, self._headers_too_slow)
         self._inner.connection_made(transport)
+
+    def _evict(self) -> None:
+        """Give this connection's place to a newer one: it still has not sent its headers."""
+        self._limits.on_drop("connection_cap")
+        self._release()
+        self._evicted = True
+        assert self._transport is not None
+        self._transport.write(_TOO_MANY)
+        self._transport.close()
+
+    def _release(self) -> None:
+        """Count this connection out (once), and stop its header deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._counted:
+            self._counted = False
+            assert self._transport is not None
+            self._limits.release(self._transport, self._peer)
 
     def _headers_too_slow(self) -> None:
         self._timer = None
@@ -147,6 +189,8 @@ class _LimitedProtocol(asyncio.Protocol):
             if _END_OF_HEADERS in seen:
                 self._timer.cancel()
                 self._timer = None
+                assert self._transport is not None
+                self._limits.headers_done(self._transport)
             self._head_tail = seen[-3:]
         self._inner.data_received(data)
 
@@ -154,13 +198,9 @@ class _LimitedProtocol(asyncio.Protocol):
         return self._inner.eof_received() if self._counted else None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._counted:
-            self._counted = False
-            assert self._transport is not None
-            self._limits.release(self._transport, self._peer)
+        admitted = self._counted or self._evicted
+        self._release()
+        if admitted:
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:

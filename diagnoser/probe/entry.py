@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from diagnoser.config import ProbeSettings
 from diagnoser.errors import ConfigError
-from diagnoser.probe.caps import LoadCaps
+from diagnoser.probe.caps import LoadCaps, probe_caps
 from diagnoser.probe.grpc_target import GrpcOptions, is_grpc_url
 from diagnoser.probe.live import LiveStats
 from diagnoser.probe.open_loop import INTERRUPTED
@@ -40,6 +40,7 @@ from diagnoser.probe.spec import (
     load_probe_file,
     spec_from_url,
 )
+from diagnoser.probe.worker import WorkerLimits
 from diagnoser.probe.workers import WorkerPool
 
 __all__ = [
@@ -167,6 +168,7 @@ class PreparedProbe:
     ``caps`` are the probe's own unless a load test gives its own (``diagnose probe --load-test``:
     :func:`~diagnoser.probe.caps.capacity_caps`). ``workers``: processes that send it (1, the
     default, is this process; ``None`` picks :func:`~diagnoser.probe.running.default_workers`).
+    ``within_s``: at most this long to resolve a gRPC target's message types (a run's deadline).
     """
 
     def __init__(
@@ -177,14 +179,16 @@ class PreparedProbe:
         explicit_target: bool,
         caps: LoadCaps | None = None,
         workers: int | None = 1,
+        within_s: float | None = None,
     ) -> None:
         enforce_safety(spec, settings, explicit_target=explicit_target, caps=caps)
-        spec = resolve_target(spec, settings, explicit_target=explicit_target)
+        spec.request_bodies()  # a body file that cannot be read is refused now, not in a worker
+        spec = resolve_target(spec, settings, explicit_target=explicit_target, within_s=within_s)
         self.spec = spec
         self.settings = settings
         self.explicit_target = explicit_target
+        self.caps = caps if caps is not None else probe_caps(settings)
         self.workers = workers if workers is not None else default_workers(spec.peak_rate)
-        spec.request_bodies()  # a body file that cannot be read is refused now, not in a worker
         self._running: RunningProbe | None = (
             LocalRun(spec, settings, explicit_target=explicit_target) if self.workers == 1 else None
         )
@@ -199,7 +203,8 @@ class PreparedProbe:
         if self._running is not None:
             return await self._running.result()
         await check_resolved_addresses(self.spec, self.settings, explicit_target=self.explicit_target)
-        pool = WorkerPool(self.workers)
+        targets = [self.spec.host] if self.explicit_target else []
+        pool = WorkerPool(self.workers, limits=WorkerLimits.of(self.settings, self.caps, targets))
         try:
             await pool.start()
             running = pool.launch(self.spec, self.settings, explicit_target=self.explicit_target)
@@ -230,6 +235,7 @@ def prepare_probe(
     duration_s: float,
     settings: ProbeSettings,
     grpc: GrpcRequest | None = None,
+    within_s: float | None = None,
 ) -> PreparedProbe:
     """The probe behind ``diagnose now --probe TARGET --probe-rate N --probe-duration S``.
 
@@ -241,21 +247,25 @@ def prepare_probe(
         spec, explicit = build_spec(target, rate=rate, duration_s=duration_s, grpc=grpc)
     else:
         spec, explicit = build_spec(target, grpc=grpc)
-    return PreparedProbe(spec, settings, explicit_target=explicit)
+    return PreparedProbe(spec, settings, explicit_target=explicit, within_s=within_s)
 
 
-def resolve_target(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeSpec:
+def resolve_target(
+    spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool, within_s: float | None = None
+) -> ProbeSpec:
     """``spec`` ready to send: for gRPC, its message types resolved and its requests checked.
 
     An HTTP spec comes back as it is. A gRPC one has its ``.proto`` compiled or the server's
-    reflection asked (the resolved-address rule first), once; a spec already resolved is only
-    checked. Call it after :func:`~diagnoser.probe.spec.enforce_safety`; raises ``ConfigError``.
+    reflection asked (the resolved-address rule first), once, within ``within_s`` seconds and the
+    reflection limits; a spec already resolved is only checked, and a target resolved in the last
+    few minutes reuses its types. Call it after :func:`~diagnoser.probe.spec.enforce_safety`;
+    raises ``ConfigError``.
     """
     if not spec.is_grpc:
         return spec
     from diagnoser.probe.grpc_schema import resolve_grpc_spec
 
-    return resolve_grpc_spec(spec, settings, explicit_target=explicit_target)
+    return resolve_grpc_spec(spec, settings, explicit_target=explicit_target, within_s=within_s)
 
 
 async def run_probe(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeResult:

@@ -23,6 +23,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -45,6 +47,42 @@ _PROTOC_TIMEOUT_S = 60.0
 _REFLECTION_TIMEOUT_S = 5.0
 #: v1 first (grpc-go, grpc-java and others serve both); grpcio-reflection serves v1alpha only.
 _REFLECTION_VERSIONS = ("v1", "v1alpha")
+
+
+@dataclass(frozen=True)
+class ReflectionLimits:
+    """How much of a server's reflection is read before it is taken for a broken or hostile one.
+
+    A service's definition and its imports are a few files (the googleapis annotations, the
+    well-known types: a dozen or two, imported a handful of levels deep); a server that answers
+    with an import chain that never ends, or thousands of files, is refused with one clear error
+    instead of being followed for as long as it likes. ``seconds`` bounds the whole resolution
+    (every request within it), and a run's deadline can shorten it.
+    """
+
+    max_files: int = 256
+    max_depth: int = 32
+    seconds: float = 15.0
+    #: The files' serialized size in all.
+    max_bytes: int = 16 * 1024 * 1024
+    #: ``seconds`` is what was left of a run's deadline (the error says so).
+    from_deadline: bool = False
+
+    def within(self, seconds: float | None) -> ReflectionLimits:
+        """These limits, with at most ``seconds`` (what is left of a run's deadline, ``None``: no
+        deadline) for the whole resolution, and always :data:`MIN_REFLECTION_S`: a start-up that
+        spent the deadline leaves the server a moment to answer, as the rules get one."""
+        if seconds is None or seconds >= self.seconds:
+            return self
+        bounded = max(MIN_REFLECTION_S, seconds)
+        return ReflectionLimits(self.max_files, self.max_depth, bounded, self.max_bytes, from_deadline=True)
+
+
+#: The least time a resolution gets, however little of the deadline is left.
+MIN_REFLECTION_S = 1.0
+
+
+DEFAULT_REFLECTION_LIMITS = ReflectionLimits()
 
 
 def compile_proto(proto: Path, import_paths: list[Path]) -> bytes:
@@ -80,25 +118,60 @@ if TYPE_CHECKING:
     ]
 
 
-def _reflection_request(stream: _Reflection, kind: str, name: str) -> Any:
-    """One reflection request on its own stream: its one answer."""
+def _reflection_request(stream: _Reflection, kind: str, name: str, timeout_s: float) -> Any:
+    """One reflection request on its own stream: its one answer (``None`` if the stream ended without)."""
     request = reflection_pb2.ServerReflectionRequest()
     setattr(request, kind, name)
-    responses = stream(iter([request]), timeout=_REFLECTION_TIMEOUT_S)
-    return next(iter(responses))
+    responses = stream(iter([request]), timeout=timeout_s)
+    return next(iter(responses), None)
 
 
-def _reflect_files(stream: _Reflection, service: str) -> bytes:
-    """The file declaring ``service`` and every file it imports, as a ``FileDescriptorSet``."""
+def _too_slow(target: GrpcTarget, limits: ReflectionLimits) -> ConfigError:
+    budget = f"{limits.seconds:g} s"
+    if limits.from_deadline:
+        budget = f"the {limits.seconds:.1f} s left of the run's deadline"
+    return ConfigError(
+        f"{target.authority}: server reflection took longer than {budget}; "
+        "give the service's definition with --proto FILE"
+    )
+
+
+def _reflect_files(
+    stream: _Reflection, target: GrpcTarget, limits: ReflectionLimits, deadline: float
+) -> bytes:
+    """The file declaring the service and every file it imports, as a ``FileDescriptorSet``.
+
+    Within ``limits``: a chain of imports deeper than ``max_depth``, more than ``max_files``
+    files or ``max_bytes``, or longer than ``seconds`` in all is a :class:`ConfigError`, as is an
+    answer whose bytes are not a ``FileDescriptorProto``.
+    """
+    service = target.service
     files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
-    wanted: list[tuple[str, str]] = [("file_containing_symbol", service)]
+    size = 0
+    # (kind, name, depth): depth 0 is the service's own file, 1 what it imports, and so on.
+    wanted: list[tuple[str, str, int]] = [("file_containing_symbol", service, 0)]
     asked: set[tuple[str, str]] = set()
     while wanted:
-        kind, name = query = wanted.pop()
-        if query in asked or (kind == "file_by_filename" and name in files):
+        kind, name, depth = wanted.pop(0)
+        if (kind, name) in asked or (kind == "file_by_filename" and name in files):
             continue
-        asked.add(query)
-        answer = _reflection_request(stream, kind, name)
+        asked.add((kind, name))
+        if depth > limits.max_depth:
+            raise ConfigError(
+                f"{target.authority}: server reflection: imports nested deeper than {limits.max_depth} "
+                f"files (at {name}); give the service's definition with --proto FILE"
+            )
+        if len(asked) > limits.max_files:
+            raise ConfigError(
+                f"{target.authority}: server reflection: more than {limits.max_files} files to read; "
+                "give the service's definition with --proto FILE"
+            )
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _too_slow(target, limits)
+        answer = _reflection_request(stream, kind, name, min(_REFLECTION_TIMEOUT_S, left))
+        if answer is None:
+            raise ConfigError(f"{target.authority}: server reflection closed the stream without an answer")
         if answer.HasField("error_response"):
             error = answer.error_response
             what = f"service {service}" if kind == "file_containing_symbol" else f"file {name}"
@@ -106,14 +179,30 @@ def _reflect_files(stream: _Reflection, service: str) -> bytes:
                 f"the server's reflection does not know {what}: {error.error_message or error.error_code}"
             )
         for raw in answer.file_descriptor_response.file_descriptor_proto:
-            proto = descriptor_pb2.FileDescriptorProto.FromString(raw)
-            files.setdefault(proto.name, proto)
-        wanted.extend(("file_by_filename", d) for f in files.values() for d in f.dependency if d not in files)
+            size += len(raw)
+            if size > limits.max_bytes or len(files) >= limits.max_files:
+                raise ConfigError(
+                    f"{target.authority}: server reflection answered more than {limits.max_files} files "
+                    f"or {limits.max_bytes} bytes; give the service's definition with --proto FILE"
+                )
+            try:
+                proto = descriptor_pb2.FileDescriptorProto.FromString(raw)
+            except DecodeError as exc:
+                raise ConfigError(
+                    f"{target.authority}: server reflection answered bytes that are not a file descriptor "
+                    f"(asked for {name}): {exc}"
+                ) from exc
+            if proto.name not in files:
+                files[proto.name] = proto
+                wanted.extend(("file_by_filename", d, depth + 1) for d in proto.dependency)
     return descriptor_pb2.FileDescriptorSet(file=list(files.values())).SerializeToString()
 
 
-def reflect_descriptors(channel: grpc.Channel, target: GrpcTarget) -> bytes:
-    """Ask the server's reflection (v1, then v1alpha) for the service's files."""
+def reflect_descriptors(
+    channel: grpc.Channel, target: GrpcTarget, limits: ReflectionLimits = DEFAULT_REFLECTION_LIMITS
+) -> bytes:
+    """Ask the server's reflection (v1, then v1alpha) for the service's files, within ``limits``."""
+    deadline = time.monotonic() + limits.seconds
     for version in _REFLECTION_VERSIONS:
         stream = cast(
             "_Reflection",
@@ -124,11 +213,13 @@ def reflect_descriptors(channel: grpc.Channel, target: GrpcTarget) -> bytes:
             ),
         )
         try:
-            return _reflect_files(stream, target.service)
+            return _reflect_files(stream, target, limits, deadline)
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 continue
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() >= deadline - 0.1:
+                raise _too_slow(target, limits) from exc  # the last request had only what was left
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             name = code.name if code is not None else "error"
             raise ConfigError(
@@ -189,7 +280,10 @@ class GrpcSchema:
                 " (diagnoser.probe.entry.resolve_target resolves them)"
             )
         target = parse_grpc_target(spec.target)
-        pool = _pool_from(base64.b64decode(spec.grpc.descriptor_set))
+        try:
+            pool = _pool_from(base64.b64decode(spec.grpc.descriptor_set))
+        except (DecodeError, TypeError, ValueError, KeyError) as exc:  # protobuf's refusals of a bad set
+            raise ConfigError(f"{target.authority}: the service's definition does not load: {exc}") from exc
         method = _find_method(pool, target)
         return cls(
             target=target,
@@ -273,7 +367,69 @@ def channel_credentials(target: GrpcTarget, verify_tls: bool) -> grpc.ChannelCre
     return grpc.ssl_channel_credentials(root_certificates=pem.encode())
 
 
-def _descriptors(spec: ProbeSpec, target: GrpcTarget, settings: ProbeSettings, explicit: bool) -> bytes:
+#: A target's resolved types are reused this long: the daemon's probe runs every minute or so and
+#: resolves once, not at every run; a redeployed service's new types are read within it.
+DESCRIPTOR_CACHE_S = 600.0
+
+
+class _DescriptorCache:
+    """Resolved ``FileDescriptorSet``s by target (and proto file, with its modification time)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[float, bytes]] = {}
+        self._lock = threading.Lock()  # resolutions run in threads (the daemon's probe job)
+
+    @staticmethod
+    def key(spec: ProbeSpec) -> tuple[Any, ...]:
+        assert spec.grpc is not None
+        proto = spec.grpc.proto
+        try:
+            changed = proto.stat().st_mtime_ns if proto is not None else None
+        except OSError:
+            changed = None
+        imports = tuple(str(p) for p in spec.grpc.import_paths)
+        return (spec.target, spec.verify_tls, str(proto) if proto else None, changed, imports)
+
+    def get(self, key: tuple[Any, ...]) -> bytes | None:
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or time.monotonic() - entry[0] > DESCRIPTOR_CACHE_S:
+            return None
+        return entry[1]
+
+    def put(self, key: tuple[Any, ...], value: bytes) -> None:
+        with self._lock:
+            self._entries[key] = (time.monotonic(), value)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+DESCRIPTORS = _DescriptorCache()
+
+
+def _descriptors(
+    spec: ProbeSpec, target: GrpcTarget, settings: ProbeSettings, explicit: bool, limits: ReflectionLimits
+) -> bytes:
+    """The spec's descriptors: from the cache, else compiled or reflected (and then cached).
+
+    A cached answer never skips the resolved-address rule: the target is checked each time."""
+    assert spec.grpc is not None
+    if spec.grpc.proto is None:
+        dial_address(target, settings, explicit_target=explicit)  # ProbeSafetyError if refused
+    key = DESCRIPTORS.key(spec)
+    cached = DESCRIPTORS.get(key)
+    if cached is not None:
+        return cached
+    found = _resolve_descriptors(spec, target, settings, explicit, limits)
+    DESCRIPTORS.put(key, found)
+    return found
+
+
+def _resolve_descriptors(
+    spec: ProbeSpec, target: GrpcTarget, settings: ProbeSettings, explicit: bool, limits: ReflectionLimits
+) -> bytes:
     assert spec.grpc is not None
     if spec.grpc.proto is not None:
         return compile_proto(spec.grpc.proto, spec.grpc.import_paths)
@@ -286,24 +442,34 @@ def _descriptors(spec: ProbeSpec, target: GrpcTarget, settings: ProbeSettings, e
         else grpc.insecure_channel(address, options)
     )
     try:
-        return reflect_descriptors(channel, target)
+        return reflect_descriptors(channel, target, limits)
     finally:
         channel.close()
 
 
-def resolve_grpc_spec(spec: ProbeSpec, settings: ProbeSettings, *, explicit_target: bool) -> ProbeSpec:
+def resolve_grpc_spec(
+    spec: ProbeSpec,
+    settings: ProbeSettings,
+    *,
+    explicit_target: bool,
+    within_s: float | None = None,
+    limits: ReflectionLimits = DEFAULT_REFLECTION_LIMITS,
+) -> ProbeSpec:
     """``spec`` with its message types resolved and checked (a non-gRPC spec as it is).
 
-    Compiles the proto or asks the server's reflection (after the resolved-address rule), looks
-    the method up and parses every request body as its input; raises ``ConfigError`` (or
-    ``ProbeSafetyError``) before any probe call.
+    Compiles the proto or asks the server's reflection (after the resolved-address rule), within
+    ``limits`` and at most ``within_s`` seconds (what is left of a run's deadline), or reuses
+    what the same target resolved to in the last :data:`DESCRIPTOR_CACHE_S`; looks the method up
+    and parses every request body as its input; raises ``ConfigError`` (or ``ProbeSafetyError``)
+    before any probe call.
     """
     if spec.grpc is None:
         return spec
     target = parse_grpc_target(spec.target)
     options = spec.grpc
     if options.descriptor_set is None:
-        encoded = base64.b64encode(_descriptors(spec, target, settings, explicit_target)).decode()
+        found = _descriptors(spec, target, settings, explicit_target, limits.within(within_s))
+        encoded = base64.b64encode(found).decode()
         options = options.model_copy(update={"descriptor_set": encoded})
         spec = spec.model_copy(update={"grpc": options})
     schema = GrpcSchema.of(spec)

@@ -36,7 +36,7 @@ from diagnoser.config import ProbeSettings
 from diagnoser.probe.http1_connection import IncompleteBody, RawResponse, RequestTimings
 from diagnoser.probe.live import LiveStats
 from diagnoser.probe.parts import RunPart, part_of
-from diagnoser.probe.result import ProbeRecorder, ProbeResult, ResponseExample
+from diagnoser.probe.result import ERROR_RATIO_ABORT, ProbeRecorder, ProbeResult, ResponseExample
 from diagnoser.probe.schedule import arrival_offsets
 from diagnoser.probe.spec import ProbeSpec, address_refusal, effective_caps
 from diagnoser.probe.timer import PreciseTimer, make_timer
@@ -372,7 +372,7 @@ class ProbeRun:
             bad = sum(self._window_bad)
             if done >= self._abort_min and bad / done > self.abort_ratio and not self._stop.is_set():
                 self.stop(
-                    f"error ratio {bad / done:.0%} over the last {self.abort_window_s:g} s passed the "
+                    f"{ERROR_RATIO_ABORT}{bad / done:.0%} over the last {self.abort_window_s:g} s passed the "
                     f"abort threshold of {self.abort_ratio:.0%} ({bad} of {done} requests failed)"
                 )
             if not gc.isenabled() and gc.get_count()[0] > _GC_BUDGET_OBJECTS:

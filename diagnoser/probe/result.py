@@ -24,6 +24,7 @@ from diagnoser.probe.validate import FAILURE_KINDS
 from diagnoser.redact import redact_url
 
 __all__ = [
+    "ERROR_RATIO_ABORT",
     "HISTOGRAM_MAX_US",
     "SERIES",
     "Failures",
@@ -128,6 +129,11 @@ class Failures(BaseModel):
         return sum(getattr(self, kind) for kind in FAILURE_KINDS)
 
 
+#: How the reason of a run stopped on its error ratio begins (:class:`~diagnoser.probe.open_loop.ProbeRun`
+#: writes it; a worker's abort carries it to the merged result; the probe rules read it).
+ERROR_RATIO_ABORT = "error ratio "
+
+
 class ResponseExample(BaseModel):
     """A sampled failed response (body truncated) so a report can show what was wrong."""
 
@@ -178,6 +184,11 @@ class ProbeResult(BaseModel):
     def error_ratio(self) -> float:
         """Failed requests of every kind over requests that finished."""
         return self.failures.total / self.finished if self.finished else 0.0
+
+    @property
+    def aborted_on_errors(self) -> bool:
+        """The run stopped early because too many of its requests failed: itself a verdict."""
+        return self.aborted and (self.abort_reason or "").startswith(ERROR_RATIO_ABORT)
 
     def latency_histogram(self) -> HdrHistogram:
         """The decoded latency histogram (microseconds)."""

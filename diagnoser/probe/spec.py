@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from diagnoser.config import (
@@ -39,7 +38,7 @@ from diagnoser.config import (
 from diagnoser.errors import ConfigError, ProbeSafetyError
 from diagnoser.probe.caps import LoadCaps, effective_caps, probe_caps
 from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, grpc_options_for, grpc_paths_beside
-from diagnoser.yamlfile import load_yaml
+from diagnoser.yamlfile import read_yaml
 
 __all__ = [
     "ConstantSchedule",
@@ -55,11 +54,12 @@ __all__ = [
     "enforce_safety",
     "load_probe_file",
     "spec_from_url",
+    "with_bodies_inline",
 ]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Segment(_Strict):
@@ -189,7 +189,11 @@ class ProbeSpec(_Strict):
     @field_validator("target")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018  (ValueError for a port that is not one)
+        except ValueError as exc:
+            raise ValueError(f"target {value!r} is not a URL: {exc}") from None
         if parts.scheme not in ("http", "https", *GRPC_SCHEMES) or not parts.hostname:
             raise ValueError(
                 f"target must be an http:// or https:// URL with a host (or grpc://, grpcs://), got {value!r}"
@@ -257,14 +261,26 @@ def _describe(exc: ValidationError) -> str:
     )
 
 
+def with_bodies_inline(spec: ProbeSpec) -> ProbeSpec:
+    """``spec`` with its ``body_file`` read into ``body``, as it is sent to workers (who read no file).
+
+    Raises :class:`ConfigError` for a file that cannot be read or is not UTF-8 text."""
+    if spec.body_file is None:
+        return spec
+    (content,) = spec.request_bodies()
+    try:
+        text = (content or b"").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"probe {spec.name}: body_file {spec.body_file} is not UTF-8 text, and workers are sent the body "
+            "itself: run it in one process (--workers 1)"
+        ) from exc
+    return spec.model_copy(update={"body": text, "body_file": None})
+
+
 def load_probe_file(path: Path) -> ProbeSpec:
     """Read and validate ``probes/<name>.yaml``; raises :class:`ConfigError` naming file and fields."""
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read probe file: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    data = read_yaml(path, "probe file")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a probe file must be a mapping, got {type(data).__name__}")
     data.setdefault("name", path.stem)

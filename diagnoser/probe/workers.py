@@ -8,11 +8,14 @@
     result = await run.result()               # one ProbeResult, histograms merged exactly
     await pool.aclose()
 
-``WorkerPool(n, spawn=False, listen=("0.0.0.0", 7070))`` waits instead for ``n`` workers started
-elsewhere (the pods of ``diagnose capacity --on-cluster``, or ``diagnose worker`` processes):
-nothing is sent until all of them have said hello, and every run starts at one wall-clock
-instant on all of them. Worker ``i`` of ``n`` sends every n-th request from the i-th, so the
-aggregate schedule is the one a single process would send, evenly spaced.
+``WorkerPool(n, spawn=False, listen=("10.0.0.5", 7070), token=token)`` waits instead for ``n``
+workers started elsewhere (the pods of ``diagnose capacity --on-cluster``, or ``diagnose worker``
+processes): nothing is sent until all of them have passed the handshake of
+:mod:`~diagnoser.probe.wire` (each side proves it holds the run's token, which never crosses the
+wire), and every run starts at one wall-clock instant on all of them. The processes it spawns
+itself get ``limits``, the caps and targets they enforce on what they are told
+(:class:`~diagnoser.probe.worker.WorkerLimits`). Worker ``i`` of ``n`` sends every n-th request
+from the i-th, so the aggregate schedule is the one a single process would send, evenly spaced.
 
 A worker that dies, closes its connection, reports an error or goes silent for
 :data:`SILENCE_LIMIT_S` fails the run with :class:`~diagnoser.errors.ProbeWorkerError` (the
@@ -26,21 +29,20 @@ import asyncio
 import contextlib
 import itertools
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from diagnoser.config import ProbeSettings
-from diagnoser.errors import ProbeWorkerError
+from diagnoser.errors import ConfigError, ProbeWorkerError
 from diagnoser.probe.live import LiveStats, Tally
 from diagnoser.probe.open_loop import INTERRUPTED, SCHEDULE_LAG_LIMIT_MS
 from diagnoser.probe.parts import RunPart, latency_p99, merge_parts
 from diagnoser.probe.result import ProbeResult, TailSums, shares_from
-from diagnoser.probe.spec import ProbeSpec
-from diagnoser.probe.wire import MAX_MESSAGE_BYTES, read_message, send_message
-from diagnoser.probe.worker import TOKEN_ENV
+from diagnoser.probe.spec import ProbeSpec, with_bodies_inline
+from diagnoser.probe.wire import Channel, check_token, coordinator_handshake, new_token
+from diagnoser.probe.worker import TOKEN_ENV, WorkerLimits
 
 __all__ = ["SILENCE_LIMIT_S", "PooledRun", "WorkerPool"]
 
@@ -51,6 +53,9 @@ SILENCE_LIMIT_S = 30.0
 #: Seconds between the run order and the common start: every worker has its loop ready by then.
 _START_LEAD_S = 0.3
 _STARTUP_S = 30.0
+#: Connections still in their handshake at once; any more are closed on arrival (a stranger
+#: opening connections by the thousand holds no more than this many small buffers).
+_MAX_HANDSHAKES = 64
 #: What a local worker process runs (``-m diagnoser.probe.worker`` would import the module twice).
 _WORKER_MAIN = "import sys; from diagnoser.probe.worker import main; sys.exit(main())"
 
@@ -58,7 +63,7 @@ _WORKER_MAIN = "import sys; from diagnoser.probe.worker import main; sys.exit(ma
 @dataclass
 class _Worker:
     index: int
-    writer: asyncio.StreamWriter
+    channel: Channel
     pid: int | None = None
     process: asyncio.subprocess.Process | None = None
     last_heard: float = field(default_factory=time.monotonic)
@@ -78,14 +83,19 @@ class WorkerPool:
         listen: tuple[str, int] = ("127.0.0.1", 0),
         token: str | None = None,
         startup_s: float = _STARTUP_S,
+        limits: WorkerLimits | None = None,
     ) -> None:
         if count < 1:
             raise ValueError("a worker pool needs at least one worker")
+        if token is not None:
+            check_token(token, "the worker token")
         self.workers = count
         self.spawn = spawn
         self.listen = listen
-        self.token = token if token is not None else secrets.token_hex(16)
+        self.token = token if token is not None else new_token()
         self.startup_s = startup_s
+        self.limits = limits if limits is not None else WorkerLimits()
+        self._handshakes = 0
         self.address: tuple[str, int] | None = None
         self.broken: str | None = None
         self._members: dict[int, _Worker] = {}
@@ -104,10 +114,14 @@ class WorkerPool:
         await self.wait_for_workers()
 
     async def open(self) -> tuple[str, int]:
-        """Listen (and spawn the local workers); the address listened on."""
-        self._server = await asyncio.start_server(
-            self._accept, self.listen[0], self.listen[1], limit=MAX_MESSAGE_BYTES
-        )
+        """Listen (and spawn the local workers); the address listened on.
+
+        Raises :class:`~diagnoser.errors.ConfigError` when the address cannot be listened on."""
+        host, port = self.listen
+        try:
+            self._server = await asyncio.start_server(self._accept, host, port)
+        except OSError as exc:
+            raise ConfigError(f"--listen {host}:{port}: cannot listen there: {exc.strerror or exc}") from exc
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = (host, port)
         if self.spawn:
@@ -127,11 +141,11 @@ class WorkerPool:
             ) from None
 
     async def _spawn(self, host: str, port: int) -> None:
-        env = {**os.environ, TOKEN_ENV: self.token}
+        env = {**os.environ, **self.limits.environment(), TOKEN_ENV: self.token}
         for index in range(self.workers):
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _WORKER_MAIN, "--coordinator", f"{host}:{port}",
-                "--index", str(index), env=env, stdin=asyncio.subprocess.DEVNULL,
+                "--index", str(index), *self.limits.arguments(), env=env, stdin=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             self._processes.append(process)
 
@@ -147,35 +161,36 @@ class WorkerPool:
                 await asyncio.wait_for(self._all_here.wait(), 0.2)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        channel = Channel(reader, writer, role="coordinator")
+        if self._handshakes >= _MAX_HANDSHAKES:
+            channel.close()
+            return
+        self._handshakes += 1
         try:
-            hello = await asyncio.wait_for(read_message(reader), 10)
-        except (TimeoutError, ProbeWorkerError):
-            writer.close()
+            hello = await coordinator_handshake(channel, self.token)
+        except (ProbeWorkerError, OSError):
+            channel.close()  # not one of ours: it learnt nothing, and nothing more is read
             return
-        ok = (
-            hello is not None
-            and hello["type"] == "hello"
-            and secrets.compare_digest(str(hello.get("token", "")), self.token)
-            and isinstance(hello.get("index"), int)
-            and 0 <= hello["index"] < self.workers
-            and hello["index"] not in self._members
-        )
-        if not ok or hello is None:
-            writer.close()  # not one of ours, or a second worker with the same index
+        finally:
+            self._handshakes -= 1
+        index = hello["index"]
+        if not 0 <= index < self.workers or index in self._members:
+            channel.close()  # an index out of range, or a second worker with the same one
             return
-        worker = _Worker(index=hello["index"], writer=writer, pid=hello.get("pid"))
+        pid = hello.get("pid")
+        worker = _Worker(index=index, channel=channel, pid=pid if isinstance(pid, int) else None)
         worker.process = next((p for p in self._processes if p.pid == worker.pid), None)
         self._members[worker.index] = worker
         if len(self._members) == self.workers:
             self._all_here.set()
-        await self._read(worker, reader)
+        await self._read(worker)
 
-    async def _read(self, worker: _Worker, reader: asyncio.StreamReader) -> None:
+    async def _read(self, worker: _Worker) -> None:
         while True:
             try:
-                message = await read_message(reader)
+                message = await worker.channel.receive()
             except ProbeWorkerError as exc:
-                self._lost(worker, str(exc))
+                self._lost(worker, f"{worker.describe()}: {exc}")
                 return
             if message is None:
                 self._lost(worker, await self._why_gone(worker))
@@ -209,6 +224,7 @@ class WorkerPool:
             raise ProbeWorkerError(f"the worker pool lost a worker ({self.broken}); no run can start")
         if self._run is not None and not self._run.finished:
             raise RuntimeError("one run at a time on a worker pool")
+        spec = with_bodies_inline(spec)  # a worker reads no file of its own (ConfigError here if it must)
         run = PooledRun(self, next(self._run_ids), spec, settings, explicit_target, slow_ms)
         self._run = run
         return run
@@ -220,8 +236,8 @@ class WorkerPool:
         """Tell every worker to exit, then make sure the local processes are gone."""
         for worker in self.members():
             with contextlib.suppress(OSError, RuntimeError):
-                await send_message(worker.writer, "exit")
-                worker.writer.close()
+                await worker.channel.send("exit")
+                worker.channel.close()
         if self._server is not None:
             self._server.close()
         for process in self._processes:
@@ -310,7 +326,7 @@ class PooledRun:
 
     async def _send(self, worker: _Worker, kind: str, **fields: Any) -> None:
         try:
-            await send_message(worker.writer, kind, run_id=self.run_id, **fields)
+            await worker.channel.send(kind, run_id=self.run_id, **fields)
         except (OSError, RuntimeError) as exc:
             self.fail(f"{worker.describe()} could not be reached: {exc}")
 
@@ -323,10 +339,11 @@ class PooledRun:
             if len(members) != self.pool.workers:
                 raise ProbeWorkerError(f"only {len(members)} of {self.pool.workers} workers are connected")
             start_at = time.time() + _START_LEAD_S
+            # Whether the target was typed here is not told: each worker decides that by its
+            # own --allow-target (WorkerLimits), as it applies its own caps.
             order = {
                 "spec": self.spec.model_dump(mode="json"),
                 "settings": self.settings.model_dump(mode="json"),
-                "explicit_target": self.explicit_target,
                 "start_at": start_at,
                 "slow_ms": self.slow_ms,
             }

@@ -17,16 +17,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from diagnoser.checks import CheckKind, check_kinds
-from diagnoser.errors import RuleProblem
+from diagnoser.errors import ConfigError, RuleProblem
 from diagnoser.models import CAUSES, SYMPTOMS
 from diagnoser.ruleset.schema import NAME_PATTERN, Condition, Rule, RuleFile, RuleSet, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, variables_for
 from diagnoser.signals import Catalogue, load_catalogue
-from diagnoser.yamlfile import load_yaml
+from diagnoser.yamlfile import read_yaml
 
 __all__ = ["builtin_rules_dir", "load_rule_file", "load_rules"]
 
@@ -123,14 +122,9 @@ def load_rule_file(path: Path, rule_id: str, catalogue: Catalogue | None = None)
 def _rule_file(path: Path, problem: Callable[[str, str], RuleProblem]) -> RuleFile:
     """The file's YAML, validated against the schema as written."""
     try:
-        document = load_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _RuleFileInvalid([problem("", f"cannot read: {exc.strerror or exc}")]) from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise _RuleFileInvalid([problem("", f"YAML error{at}: {reason}")]) from exc
+        document = read_yaml(path, "rule")
+    except ConfigError as exc:
+        raise _RuleFileInvalid([problem("", str(exc).removeprefix(f"{path}: "))]) from exc
     if not isinstance(document, dict):
         raise _RuleFileInvalid([problem("", "a rule file must be a YAML mapping")])
     try:

@@ -36,14 +36,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.errors import ConfigError
 from diagnoser.promql import parse_selector, selector_text
 from diagnoser.signals.otlp import escape_label, spellings
 from diagnoser.signals.resources import Resource, ResourceSpec, resource_from_spec
-from diagnoser.yamlfile import load_yaml
+from diagnoser.yamlfile import read_yaml
 
 __all__ = [
     "Catalogue",
@@ -243,12 +242,7 @@ def builtin_signals_dir() -> Path:
 
 
 def _read(path: Path) -> _FileSpec:
-    try:
-        document: Any = load_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read signal catalogue: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    document: Any = read_yaml(path, "signal catalogue")
     try:
         return _FileSpec.model_validate(document or {})
     except ValidationError as exc:

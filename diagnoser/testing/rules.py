@@ -34,7 +34,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.config import Settings, load_settings
@@ -56,7 +55,7 @@ from diagnoser.testing.series import (
     parse_series,
     to_openmetrics,
 )
-from diagnoser.yamlfile import load_yaml
+from diagnoser.yamlfile import read_yaml
 
 __all__ = ["CaseResult", "RuleTestFile", "backfill_text", "load_test_file", "run_rule_tests"]
 
@@ -156,12 +155,7 @@ class CaseResult:
 def load_test_file(path: Path) -> RuleTestFile:
     """Read and validate one test file; raises :class:`ConfigError` naming file and field."""
     try:
-        document = load_yaml(path.read_text(encoding="utf-8"))
-        return RuleTestFile.model_validate(document)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        return RuleTestFile.model_validate(read_yaml(path, "rule test"))
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])

@@ -17,6 +17,7 @@ from diagnoser.capacity.step import StepPlan
 from diagnoser.config import Settings
 from diagnoser.probe import build_spec
 from diagnoser.probe.entry import run_event_loop
+from diagnoser.probe.worker import WorkerLimits
 from diagnoser.probe.workers import WorkerPool
 from tests.probe.conftest import DelayServer
 from tests.probe.conftest import delay_server as delay_server  # the fixture, shared
@@ -28,7 +29,7 @@ def test_a_worker_killed_during_a_step_fails_that_step_clearly(delay_server: Del
     options = CapacityOptions(start_rate=100, max_rate=200, fixed_steps=[100, 200], pause_s=0, warmup_s=0)
 
     async def main() -> tuple[CapacityReport, str | None]:
-        pool = WorkerPool(2)
+        pool = WorkerPool(2, limits=WorkerLimits.allowing("127.0.0.1"))
         await pool.start()
         try:
             run = CapacityRun(plan, Settings(), options, launcher=pool)

@@ -168,3 +168,26 @@ async def test_health_probes_are_answered_when_the_cap_is_reached(
         for _, writer in held:
             writer.close()
         await daemon.stop()
+
+
+async def test_half_sent_requests_from_ten_addresses_keep_no_probe_out(
+    tmp_path: Path, live_prometheus: LivePrometheus
+) -> None:
+    """Ten peers, each within its own limit (20), hold 200 half-sent requests: twice the cap and
+    its reserve. A probe's connection takes the place of the oldest half-sent one."""
+    daemon = await _ready_daemon(tmp_path, live_prometheus.url, "httpspread")  # default limits
+    port = daemon.http_port
+    assert port is not None
+    held = [await _half_request(port, f"127.0.0.{2 + n % 10}") for n in range(200)]
+    try:
+        for _ in range(3):  # again and again: each time a half-sent one gives its place
+            answers = await _answers(port, "127.0.0.20", "t0ken")
+            assert answers["/healthz"] == 200 and answers["/readyz"] == 200, answers
+        # The caps still hold: of the 200, those beyond the cap and its reserve gave way (503).
+        config = daemon.settings.daemon
+        given_way = daemon.metrics.http_dropped.labels("connection_cap")._value.get()
+        assert given_way >= 200 - config.http_max_connections - 4
+    finally:
+        for _, writer in held:
+            writer.close()
+        await daemon.stop()

@@ -265,7 +265,7 @@ def test_a_bad_config_or_a_taken_port_exits_2(tmp_path: Path) -> None:
     finally:
         taken.close()
     assert result.returncode == 2, result.stderr
-    assert "cannot run the daemon" in result.stderr
+    assert "cannot listen there: Address already in use" in result.stderr
     assert "address already in use" in result.stderr.lower()
 
 

@@ -91,6 +91,18 @@ def test_the_table_names_each_service(prometheus_url: str) -> None:
     assert "not recognised: haproxy_process_max_fds" in result.stdout
 
 
+def test_at_80_columns_each_signal_is_a_block_of_short_lines(prometheus_url: str) -> None:
+    result = run_cli("signals", "--prometheus-url", prometheus_url, "--at", AT, env={"COLUMNS": "80"})
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # The signal on a line of its own, its fields below it: not a table cell folded over 15 lines.
+    at = lines.index("http.server.duration")
+    assert lines[at + 1].split() == ["convention", "otel-http"]
+    wide = run_cli("signals", "--prometheus-url", prometheus_url, "--at", AT, env={"COLUMNS": "250"})
+    assert any(line.split()[:2] == ["http.server.duration", "otel-http"] for line in wide.stdout.splitlines())
+
+
 def test_without_a_prometheus_it_is_a_usage_error() -> None:
     result = run_cli("signals", "--format", "json")
     assert result.code == 2

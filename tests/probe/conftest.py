@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -41,18 +42,42 @@ class DelayServer:
         self._call("POST", f"/control/stall?ms={ms:g}&after_s={after_s:g}")
 
 
-def start_delay_server(*extra: str) -> DelayServer:
-    process = subprocess.Popen(
-        [sys.executable, str(SERVER_SCRIPT), "--port", "0", *extra],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def start_server_process(script: Path, *args: str) -> tuple[int, subprocess.Popen[str]]:
+    """A test server script started in its own process, once it says ``PORT <n>``: its port and process."""
+    process = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line.startswith("PORT "):
         process.kill()
-        raise RuntimeError(f"delay server did not start: {line!r}")
-    return DelayServer(url=f"http://127.0.0.1:{int(line.split()[1])}", process=process)
+        raise RuntimeError(f"{script.name} did not start: {line!r}")
+    return int(line.split()[1]), process
+
+
+def start_delay_server(*extra: str) -> DelayServer:
+    port, process = start_server_process(SERVER_SCRIPT, "--port", "0", *extra)
+    return DelayServer(url=f"http://127.0.0.1:{port}", process=process)
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, socket.socket]]:
+    """A target that records whether anything connected to it: nothing may, for a refused run."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    sock.setblocking(False)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/", sock
+    finally:
+        sock.close()
+
+
+def connected(sock: socket.socket) -> bool:
+    """Whether anything connected to ``listener``'s socket."""
+    try:
+        sock.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
@@ -137,15 +162,8 @@ def grpc_modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, An
 
 
 def start_grpc_server(modules: tuple[Any, Any, Any], *extra: str) -> GrpcServer:
-    process = subprocess.Popen(
-        [sys.executable, str(GRPC_SERVER_SCRIPT), "--port", "0", *extra], stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line.startswith("PORT "):
-        process.kill()
-        raise RuntimeError(f"gRPC server did not start: {line!r}")
-    return GrpcServer(int(line.split()[1]), process, *modules)
+    port, process = start_server_process(GRPC_SERVER_SCRIPT, "--port", "0", *extra)
+    return GrpcServer(port, process, *modules)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,11 +22,14 @@ from diagnoser.probe.parts import latency_p99, merge_parts, part_of
 from diagnoser.probe.result import ProbeRecorder, ResponseExample, shares_from
 from diagnoser.probe.running import default_workers
 from diagnoser.probe.spec import spec_from_url
+from diagnoser.probe.worker import WorkerLimits
 from diagnoser.probe.workers import WorkerPool
 from tests.conftest import run_cli
-from tests.probe.conftest import DelayServer
+from tests.probe.conftest import DelayServer, connected
 
 FAILURES = ("status", "timeout", "empty_json", None, None, None, None, None)
+#: The test servers' address, allowed to the workers as if typed on their command line.
+LOCAL = WorkerLimits.allowing("127.0.0.1")
 
 
 def _record(recorders: list[ProbeRecorder], rng: random.Random) -> None:
@@ -118,27 +120,6 @@ def test_the_capacity_ceiling_cannot_be_configured_away() -> None:
     assert CapacitySettings().max_rate == 20_000
 
 
-@pytest.fixture
-def listener() -> Iterator[tuple[str, socket.socket]]:
-    """A port that records whether anything connected to it: nothing may, for a refused run."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.setblocking(False)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/", sock
-    finally:
-        sock.close()
-
-
-def _connected(sock: socket.socket) -> bool:
-    try:
-        sock.accept()[0].close()
-    except BlockingIOError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -157,7 +138,7 @@ def test_over_a_cap_exits_2_before_anything_is_sent(
     result = run_cli(*[a.format(url=url) for a in args], timeout=30)
     assert result.code == 2, result.stderr
     assert expected in result.stderr
-    assert not _connected(sock)
+    assert not connected(sock)
 
 
 def test_a_configured_capacity_cap_above_the_ceiling_is_a_config_error(
@@ -166,14 +147,14 @@ def test_a_configured_capacity_cap_above_the_ceiling_is_a_config_error(
     url, sock = listener
     result = run_cli("capacity", url, "--slo-p99-ms", "50", env={"DIAGNOSER_CAPACITY__MAX_RATE": "150000"})
     assert result.code == 2 and "capacity.max_rate" in result.stderr
-    assert not _connected(sock)
+    assert not connected(sock)
 
 
 def test_workers_send_the_whole_schedule_between_them(delay_server: DelayServer) -> None:
     spec = spec_from_url(delay_server.url + "/delay?ms=1", rate=300, duration_s=1)
 
     async def main() -> tuple[int, list[int], int]:
-        pool = WorkerPool(2)
+        pool = WorkerPool(2, limits=LOCAL)
         await pool.start()
         try:
             result = await pool.launch(spec, ProbeSettings(), explicit_target=True).result()
@@ -189,7 +170,7 @@ def test_a_killed_worker_fails_the_run_clearly(delay_server: DelayServer) -> Non
     spec = spec_from_url(delay_server.url + "/delay?ms=1", rate=100, duration_s=6)
 
     async def main() -> tuple[str, str | None]:
-        pool = WorkerPool(2)
+        pool = WorkerPool(2, limits=LOCAL)
         await pool.start()
         try:
             run = pool.launch(spec, ProbeSettings(), explicit_target=True)
@@ -229,7 +210,7 @@ def test_a_stop_before_the_run_orders_went_out_still_stops_every_worker(delay_se
     spec = spec_from_url(delay_server.url + "/delay?ms=1", rate=100, duration_s=20)
 
     async def main() -> tuple[bool, str | None, list[int]]:
-        pool = WorkerPool(2)
+        pool = WorkerPool(2, limits=LOCAL)
         await pool.start()
         try:
             run = pool.launch(spec, ProbeSettings(), explicit_target=True)
@@ -245,30 +226,34 @@ def test_a_stop_before_the_run_orders_went_out_still_stops_every_worker(delay_se
 
 
 def test_only_a_worker_with_the_run_token_passes_the_barrier() -> None:
-    from diagnoser.probe.wire import read_message, send_message
+    from diagnoser.probe.wire import Channel, worker_handshake
 
-    async def hello(address: tuple[str, int], token: str) -> bool:
-        """Whether the coordinator kept a worker saying hello with ``token`` (it closes the others)."""
+    async def hello(address: tuple[str, int], token: str) -> Channel | None:
+        """The connection, if the coordinator let a worker through the handshake with ``token``."""
         reader, writer = await asyncio.open_connection(*address)
-        await send_message(writer, "hello", index=0, token=token, pid=0, cores=1)
+        channel = Channel(reader, writer, role="worker")
         try:
-            return await asyncio.wait_for(read_message(reader), 0.5) is not None
-        except TimeoutError:
-            return True  # still connected, waiting for orders
-        finally:
-            writer.close()
+            await worker_handshake(channel, token, index=0, pid=0, cores=1)
+        except ProbeWorkerError:
+            channel.close()
+            return None  # the coordinator's proof did not check out: it holds another token
+        return channel
 
-    async def main() -> tuple[bool, bool, int]:
-        pool = WorkerPool(1, spawn=False, token="the-token", startup_s=5)
+    async def main() -> tuple[bool, int, bool, int]:
+        pool = WorkerPool(1, spawn=False, token="the-token-of-this-run-32-chars-at-least", startup_s=5)
         address = await pool.open()
         try:
-            stranger = await hello(address, "a-guess")
+            stranger = await hello(address, "a-guess-of-the-token-32-chars-or-more!")
             here_after_stranger = len(pool.members())
-            member = await hello(address, "the-token")
+            member = await hello(address, "the-token-of-this-run-32-chars-at-least")
+            await asyncio.wait_for(pool.wait_for_workers(), 5)
+            here_after_member = len(pool.members())
+            if member is not None:
+                member.close()
         finally:
             await pool.aclose()
-        return stranger, member, here_after_stranger
+        return stranger is None, here_after_stranger, member is not None, here_after_member
 
-    stranger, member, count = run_event_loop(main())
-    assert not stranger and count == 0
-    assert member
+    refused, after_stranger, admitted, after_member = run_event_loop(main())
+    assert refused and after_stranger == 0
+    assert admitted and after_member == 1

@@ -28,7 +28,7 @@ def write(root: Path, rel: str, text: str) -> Path:
 @pytest.mark.parametrize(
     ("text", "field", "message"),
     [
-        ("cause: [unclosed\n", "", "YAML error (line 2, column 1)"),
+        ("cause: [unclosed\n", "", "not valid YAML (line 2, column 1)"),
         (GOOD.replace("promql:", "promqll:"), "field when[0].promqll", "unknown check kind 'promqll'"),
         (GOOD.replace("severity: critical\n", ""), "field severity", "field required"),
         (GOOD.replace("{query: up == 0}", "{query: up, op: '>'}"), "field when[0].promql", "op and threshold go together"),
