@@ -99,7 +99,7 @@ def test_at_80_columns_each_signal_is_a_block_of_short_lines(prometheus_url: str
     # The signal on a line of its own, its fields below it: not a table cell folded over 15 lines.
     at = lines.index("http.server.duration")
     assert lines[at + 1].split() == ["convention", "otel-http"]
-    wide = run_cli("signals", "--prometheus-url", prometheus_url, "--at", AT, env={"COLUMNS": "250"})
+    wide = run_cli("signals", "--prometheus-url", prometheus_url, "--at", AT, env={"COLUMNS": "400"})
     assert any(line.split()[:2] == ["http.server.duration", "otel-http"] for line in wide.stdout.splitlines())
 
 
