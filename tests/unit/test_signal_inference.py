@@ -63,17 +63,18 @@ def test_haproxy_server_sessions_pair_with_the_configured_limit_not_the_highest_
     ("labels", "name", "used", "limit", "refused", "kind"),
     [
         (
+            # redis_exporter run with -namespace keydb: the catalogue's names do not apply.
             _labels(
-                redis_connected_clients=(),
-                redis_config_maxclients=(),
-                redis_rejected_connections_total=(),
-                redis_commands_rejected_calls_total=("cmd",),
-                redis_lazyfree_pending_objects=(),
+                keydb_connected_clients=(),
+                keydb_config_maxclients=(),
+                keydb_rejected_connections_total=(),
+                keydb_commands_rejected_calls_total=("cmd",),
+                keydb_lazyfree_pending_objects=(),
             ),
-            "redis clients",
-            "redis_connected_clients",
-            "redis_config_maxclients",
-            ("redis_rejected_connections_total",),
+            "keydb clients",
+            "keydb_connected_clients",
+            "keydb_config_maxclients",
+            ("keydb_rejected_connections_total",),
             "connections",
         ),
         (
@@ -82,10 +83,10 @@ def test_haproxy_server_sessions_pair_with_the_configured_limit_not_the_highest_
                 memcached_max_connections=(),
                 memcached_connections_rejected_total=(),
             ),
-            "memcached connections",
+            "memcached max_connections",
             "memcached_current_connections",
             "memcached_max_connections",
-            ("memcached_connections_rejected_total",),
+            ("memcached_connections_rejected_total", "memcached_connections_listener_disabled_total"),
             "connections",
         ),
         (
@@ -97,7 +98,7 @@ def test_haproxy_server_sessions_pair_with_the_configured_limit_not_the_highest_
             "file_descriptors",
         ),
     ],
-    ids=["redis", "memcached", "process-fds"],
+    ids=["redis-exporter-namespaced", "memcached-catalogued", "process-fds"],
 )
 def test_a_gauge_beside_its_limit_is_a_resource(
     labels: dict[str, frozenset[str]], name: str, used: str, limit: str, refused: tuple[str, ...], kind: str
@@ -243,15 +244,18 @@ def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None
         "http_server_request_duration_seconds_count",
         "http_server_request_duration_seconds_sum",
         "http_server_request_duration_seconds_bucket",
+        # Catalogued (signals/servers.yaml): claimed, so no candidates.
         "redis_connected_clients",
         "redis_config_maxclients",
+        "keydb_connected_clients",
+        "keydb_config_maxclients",
         "go_goroutines",
         "up",
     }
     assert candidate_series(names, {}, load_catalogue()) == [
+        "keydb_config_maxclients",
+        "keydb_connected_clients",
         "ktor_http_server_requests_seconds_count",
-        "redis_config_maxclients",
-        "redis_connected_clients",
     ]
 
 
