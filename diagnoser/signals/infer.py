@@ -92,6 +92,7 @@ _COUNT_NOUNS = frozenset(
         "processes",
         "children",
         "channels",
+        "sockets",
         "pool",
     }
 )
@@ -105,6 +106,10 @@ _NOT_A_COUNT = frozenset(
 #: haproxy-maxconn, redis-exporter-maxclients, memcached and mysqld-exporter (none go above).
 OVERSHOOT_SHARE = 0.05
 OVERSHOOT_SLOTS = 1
+#: A configured limit stays put (a restart with a new setting changes it once or twice); a
+#: rolling high-water mark beside a gauge (Micrometer's jetty.connections.max, "the most
+#: connections seen over 2 minutes") moves with it and would always read "at its limit".
+LIMIT_CHANGES = 3
 #: The day over which the gauge's peak is compared with its limit, read every 5 minutes.
 OVERSHOOT_WINDOW = "1d"
 OVERSHOOT_STEP = "5m"
@@ -271,15 +276,9 @@ def recognise(
     resources: list[Resource] = []
     for pairing in pairs:
         over = None if overshoots is None else overshoots.get((pairing.used, pairing.limit))
-        if over is not None and over > 0:
-            refused.append(
-                Rejection(
-                    f"inferred pair {pairing.used} / {pairing.limit}",
-                    pairing.limit,
-                    f"{pairing.used} went above {pairing.limit} in the last {OVERSHOOT_WINDOW}, "
-                    "so that is not its limit",
-                )
-            )
+        rejected = None if over is None else _verdict(pairing, over)
+        if rejected is not None:
+            refused.append(rejected)
             continue
         resources.append(_resource(families, labels, pairing, checked=over is not None))
     present_resources = [r for r in catalogue.resources if r.required <= names]
@@ -501,14 +500,36 @@ def _pairing(
 
 
 def overshoot_query(pairing: Pairing) -> str:
-    """1 where the gauge, summed to the limit's labels, went above its limit (with the slack of
-    ``OVERSHOOT_SHARE`` and ``OVERSHOOT_SLOTS``) at some point of the last day, else 0."""
+    """The day's verdict on a pair, one number: 1 when the gauge, summed to the limit's labels, went
+    above its limit (with the slack of ``OVERSHOOT_SHARE`` and ``OVERSHOOT_SLOTS``), plus 2 when the
+    limit changed more than ``LIMIT_CHANGES`` times (a high-water mark, not a configured limit); 0
+    when neither."""
     by = f"by ({', '.join((*TARGET_LABELS, *pairing.labels))})"
     over = (
         f"sum {by} ({pairing.used}) > bool "
         f"(max {by} ({pairing.limit}) * {1 + OVERSHOOT_SHARE:g} + {OVERSHOOT_SLOTS})"
     )
-    return f"max(max_over_time(({over})[{OVERSHOOT_WINDOW}:{OVERSHOOT_STEP}]))"
+    moving = f"max(changes({pairing.limit}[{OVERSHOOT_WINDOW}])) > bool {LIMIT_CHANGES}"
+    return f"max(max_over_time(({over})[{OVERSHOOT_WINDOW}:{OVERSHOOT_STEP}])) + 2 * ({moving})"
+
+
+def _verdict(pairing: Pairing, value: float) -> Rejection | None:
+    entry = f"inferred pair {pairing.used} / {pairing.limit}"
+    if value >= 2:
+        return Rejection(
+            entry,
+            pairing.limit,
+            f"{pairing.limit} changed more than {LIMIT_CHANGES} times in {OVERSHOOT_WINDOW}: "
+            "a high-water mark, not a configured limit",
+        )
+    if value > 0:
+        return Rejection(
+            entry,
+            pairing.limit,
+            f"{pairing.used} went above {pairing.limit} in the last {OVERSHOOT_WINDOW}, "
+            "so that is not its limit",
+        )
+    return None
 
 
 def _resource(
@@ -583,7 +604,7 @@ def _queue_of(name: str, labels: frozenset[str] | None, prefix: tuple[str, ...],
 
 def _kind(noun: Iterable[str]) -> str:
     words = set(noun)
-    if words & {"connections", "clients", "sessions", "backends"}:
+    if words & {"connections", "clients", "sessions", "backends", "sockets"}:
         return "connections"
     if words & {"fds", "files"}:
         return "file_descriptors"

@@ -79,7 +79,7 @@ def test_resource_example_loads_as_a_catalogued_resource(tmp_path: Path) -> None
     path.write_text(only("resources").text, encoding="utf-8")
     [resource] = [r for r in load_catalogue((path,)).resources if r.how == "postgres-exporter"]  # replaced, not added
     assert (resource.name, resource.kind, resource.role, resource.labels) == (
-        "postgresql connections", "connections", "server", ("server",)
+        "postgresql max_connections", "connections", "server", ("server",)
     )
     assert resource.required == {
         "pg_stat_activity_count", "pg_settings_max_connections", "pg_settings_superuser_reserved_connections"
