@@ -49,6 +49,7 @@ BEDS = {
     "redis": Bed(("redis-exporter-maxclients",), "redis-exporter"),
     "pgbouncer-python": Bed(("pgbouncer-exporter-python",), "pgbouncer-exporter-python"),
     "pgbouncer": Bed(("pgbouncer-exporter",), "pgbouncer-exporter"),
+    "pgbouncer-debian": Bed(("pgbouncer-exporter-debian",), "pgbouncer-exporter-debian"),
     "haproxy": Bed(("haproxy-maxconn",), "haproxy-server-maxconn"),
     "apache": Bed(("apache-exporter",), "apache-exporter"),
     "nginx": Bed(("nginx-exporter",), ""),
@@ -67,7 +68,7 @@ NAMES = list(BEDS)
 
 
 #: The beds driven to their limit, each alone on a day of its own after the first.
-INCIDENT_BEDS = ["mysql", "memcached", "pgbouncer-python", "pgbouncer", "tomcat", "jetty", "kafka"]
+INCIDENT_BEDS = ["mysql", "memcached", "pgbouncer-python", "pgbouncer", "pgbouncer-debian", "tomcat", "jetty", "kafka"]
 
 
 def _bed_text(name: str, day: int) -> list[str]:
@@ -201,6 +202,9 @@ AT_LIMIT = [
             "to 26 connections (Little's law on the pooler's own counts: 10.0 transactions/s served x (1.507s waiting"),
     AtLimit("pgbouncer", ("pools/pool-exhaustion-inferred",), "all 5 connections lent out",
             "to 26 connections (Little's law on the pooler's own counts: 10.0 transactions/s served x (1.504s waiting"),
+    # No wait time in this exporter: the pool is sized by its floor, and says why.
+    AtLimit("pgbouncer-debian", ("pools/pool-exhaustion",), "100% of 5 connections in use",
+            "no hold time or served rate is measured"),
     AtLimit("tomcat", ("resources/process-limit",), "tomcat maxThreads (name=http-nio-8080) at 200 of the 200 allowed"),
     AtLimit("jetty", ("resources/process-limit",), "jetty maxThreads at 200 of the 200 allowed"),
     AtLimit("kafka", ("queues/consumer-lag",), "messages waiting in orders for order-processor, growing 69"),
