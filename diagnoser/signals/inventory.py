@@ -167,7 +167,7 @@ async def _resource_rows(
                 signal=f"resource ({resource.kind}, {resource.role}): {resource.name}",
                 convention=resource.how,
                 inferred=resource.how.startswith("inferred"),
-                metric=f"{resource.used} / {resource.limit}",
+                metric=" ".join(f"{resource.used} / {resource.limit}".split()),
                 unit="count",
                 labels={"service": "job", **{label: label for label in resource.labels}},
                 caveat=resource.caveat,
