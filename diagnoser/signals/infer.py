@@ -102,8 +102,9 @@ _NOT_A_COUNT = frozenset(
 )
 #: How far a gauge may go above its limit over the day and the pair still be a limit: MySQL lets
 #: one connection past max_connections (for SUPER), and a gauge read between two scrapes' churn
-#: may count a connection being closed. Checked on the healthy and at-limit recordings of
-#: haproxy-maxconn, redis-exporter-maxclients, memcached and mysqld-exporter (none go above).
+#: may count a connection being closed. Checked on every recording of
+#: tests/integration/test_atlas_recordings.py, healthy and at the limit: no pair inferred there
+#: (process_open_fds / process_max_fds, RabbitMQ's Erlang processes...) goes above its limit.
 OVERSHOOT_SHARE = 0.05
 OVERSHOOT_SLOTS = 1
 #: A configured limit stays put (a restart with a new setting changes it once or twice); a
