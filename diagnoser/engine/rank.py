@@ -144,6 +144,8 @@ def fold_explained(findings: Iterable[Finding]) -> list[Finding]:
             evidence.append(
                 Evidence(source="engine", query="", detail=f"explained by {cause.rule_id}: {cause.title}")
             )
+        # Ranking twice (a caller that ranks what was ranked) adds nothing twice.
+        evidence = [row for row in evidence if row not in finding.evidence]
         if evidence:
             update["evidence"] = [*finding.evidence, *evidence]
         folded.append(finding.model_copy(update=update) if update else finding)
