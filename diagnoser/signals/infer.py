@@ -506,9 +506,10 @@ def overshoot_query(pairing: Pairing) -> str:
     limit changed more than ``LIMIT_CHANGES`` times (a high-water mark, not a configured limit); 0
     when neither."""
     by = f"by ({', '.join((*TARGET_LABELS, *pairing.labels))})"
+    # A limit of 0 is none (PgBouncer's max_connections, database/sql's max open): not exceeded.
     over = (
         f"sum {by} ({pairing.used}) > bool "
-        f"(max {by} ({pairing.limit}) * {1 + OVERSHOOT_SHARE:g} + {OVERSHOOT_SLOTS})"
+        f"((max {by} ({pairing.limit}) > 0) * {1 + OVERSHOOT_SHARE:g} + {OVERSHOOT_SLOTS})"
     )
     moving = f"max(changes({pairing.limit}[{OVERSHOOT_WINDOW}])) > bool {LIMIT_CHANGES}"
     return f"max(max_over_time(({over})[{OVERSHOOT_WINDOW}:{OVERSHOOT_STEP}])) + 2 * ({moving})"

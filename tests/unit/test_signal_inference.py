@@ -340,7 +340,7 @@ def test_a_pair_is_kept_only_when_its_day_agrees(verdict: float, kept: bool, rea
     # What the pair's day is asked, per pair, in one query.
     assert overshoot_query(pair) == (
         "max(max_over_time((sum by (namespace, job, instance, server) (lb_server_current_sessions) > bool "
-        "(max by (namespace, job, instance, server) (lb_server_limit_sessions) * 1.05 + 1))[1d:5m]))"
+        "((max by (namespace, job, instance, server) (lb_server_limit_sessions) > 0) * 1.05 + 1))[1d:5m]))"
         " + 2 * (max(changes(lb_server_limit_sessions[1d])) > bool 3)"
     )
     found = recognise(set(labels), {}, labels, catalogue, overshoots={(pair.used, pair.limit): verdict})
