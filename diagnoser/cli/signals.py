@@ -86,12 +86,18 @@ def signals(
 
 
 def as_json(found: Inventory, at: datetime) -> dict[str, Any]:
-    """``{"evaluated_at", "services": [{"service", "signals": [...], "unrecognised": [...]}], "errors"}``."""
+    """``{"evaluated_at", "services": [{"service", "signals": [...], "unrecognised": [...],
+    "rejected": [...]}], "errors"}``."""
     services = [
         {
             "service": service,
             "signals": [asdict(r) for r in found.recognised if r.service == service],
             "unrecognised": [asdict(u) for u in found.unrecognised if u.service == service],
+            "rejected": [
+                {"entry": r.entry, "metric": r.metric, "reason": r.reason}
+                for r in found.rejected
+                if r.service == service
+            ],
         }
         for service in found.services()
     ]
@@ -160,6 +166,8 @@ def _print_table(found: Inventory, at: datetime) -> None:
                 markup=False,
                 highlight=False,
             )
+        for rejected in (r for r in found.rejected if r.service == service):
+            stdout.print(f"  rejected: {rejected.entry}: {rejected.reason}", markup=False, highlight=False)
     for error in found.errors:
         stdout.print(f"[red]error[/red] {error.source}: ", end="")
         stdout.print(error.message, markup=False, highlight=False)

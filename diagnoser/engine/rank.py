@@ -2,7 +2,10 @@
 
 A source that could not be read becomes one ``source_unavailable`` finding (its errors
 collapsed to one entry per message, counting the rules affected); a finding whose rule
-``yields_to`` another rule that found the same thing is dropped.
+``yields_to`` another rule that found the same thing is dropped; a cause that another cause
+explains (the 503s a service sheds, explained by the database at its connection limit) folds into
+it: its advice defers to that cause's, since more replicas or bigger pools would add load to the
+very limit that is reached.
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ from diagnoser.config import Settings
 from diagnoser.models import Evidence, Finding, Severity, SourceError
 from diagnoser.ruleset import Rule
 
-__all__ = ["agrees", "collapse_errors", "rank_findings", "unavailable_findings", "without_yielding"]
+__all__ = [
+    "agrees",
+    "collapse_errors",
+    "fold_explained",
+    "rank_findings",
+    "unavailable_findings",
+    "without_yielding",
+]
 
 
 def agrees(labels: Mapping[str, str], other: Mapping[str, str]) -> bool:
@@ -92,6 +102,62 @@ def unavailable_findings(errors: list[SourceError], settings: Settings) -> list[
     return findings
 
 
+def fold_explained(findings: Iterable[Finding]) -> list[Finding]:
+    """Fold each cause that another actionable cause explains into it.
+
+    The explained finding stays (what users see is still true: the service sheds 503s), but its
+    recommendation defers to the explaining cause: adding replicas to a service whose database
+    is at max_connections, or connections to its pool, adds load to the limit that is already
+    reached. The explaining cause gains an evidence row naming what it explains. Findings in
+    different namespaces never fold (one team's limit is not another's 503s).
+    """
+    findings = list(findings)
+    explaining = [f for f in findings if f.kind == "cause" and f.is_actionable and f.explains]
+    causes: list[Finding | None] = [
+        next(
+            (
+                other
+                for other in explaining
+                if other is not finding
+                and finding.kind == "cause"
+                and finding.cause in other.explains
+                and finding.cause != other.cause
+                and _same_namespace(finding, other)
+            ),
+            None,
+        )
+        for finding in findings
+    ]
+    folded = []
+    for finding, cause in zip(findings, causes, strict=True):
+        evidence = [
+            Evidence(source="engine", query="", detail=f"explains {other.rule_id}: {other.title}")
+            for other, by in zip(findings, causes, strict=True)
+            if by is finding
+        ]
+        update: dict[str, object] = {}
+        if cause is not None:
+            update["recommendation"] = (
+                f"{cause.title} explains this: act on that first ({cause.runbook_url}). Do not add "
+                "replicas or connections for it here: they would add load to the limit that is reached."
+            )
+            evidence.append(
+                Evidence(source="engine", query="", detail=f"explained by {cause.rule_id}: {cause.title}")
+            )
+        # Ranking twice (a caller that ranks what was ranked) adds nothing twice.
+        evidence = [row for row in evidence if row not in finding.evidence]
+        if evidence:
+            update["evidence"] = [*finding.evidence, *evidence]
+        folded.append(finding.model_copy(update=update) if update else finding)
+    return folded
+
+
+def _same_namespace(one: Finding, other: Finding) -> bool:
+    return one.labels.get("namespace", "") == other.labels.get("namespace", "") or not (
+        one.labels.get("namespace") and other.labels.get("namespace")
+    )
+
+
 def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Most important first: causes that explain an active symptom, symptoms, other causes; info last.
 
@@ -99,7 +165,7 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
     first (it is upstream of it); then one on the same service (namespace and job) as an active
     symptom before one elsewhere; then by severity, then by rule id for stability.
     """
-    findings = list(findings)
+    findings = fold_explained(findings)
     symptoms = [f for f in findings if f.kind == "symptom" and f.is_actionable]
     active = {f.cause for f in symptoms}
     services = {_service(f) for f in symptoms} - {("", "")}

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
 from diagnoser.signals.otlp import escape_metric
-from diagnoser.signals.resources import Resource
+from diagnoser.signals.resources import TARGET_LABELS, Resource
 from diagnoser.signals.shapes import (
+    LIMIT_WORDS,
     PEER_LABELS,
     STATUS_LABELS,
     Family,
@@ -41,7 +42,18 @@ from diagnoser.signals.shapes import (
     tokens,
 )
 
-__all__ = ["Lookalike", "Recognition", "candidate_series", "labels_key", "recognise", "unitless_histograms"]
+__all__ = [
+    "Lookalike",
+    "Pairing",
+    "Recognition",
+    "Rejection",
+    "candidate_pairs",
+    "candidate_series",
+    "labels_key",
+    "overshoot_query",
+    "recognise",
+    "unitless_histograms",
+]
 
 CAVEAT = "recognised by its shape, not by a catalogued convention: check that the metric means this"
 _ROUTE_LABELS = ("http_route", "route", "handler", "path", "endpoint", "uri", "method_name")
@@ -59,10 +71,51 @@ _USAGE_WORDS = frozenset(
         "in",
         "use",
         "cur",
-        "status",
         "num",
+        "allocated",
     }
 )
+#: What a limit may cap: counts of things a server, proxy or process holds at once. A limit on
+#: anything else (a checkpoint's age, a cluster's size, a status) is no resource: the false
+#: pairs ``wsrep_cluster_status`` / ``wsrep_cluster_size`` and ``innodb_checkpoint_age`` /
+#: ``innodb_checkpoint_max_age`` of mysqld_exporter's healthy recording are what this prevents.
+_COUNT_NOUNS = frozenset(
+    {
+        "connections",
+        "clients",
+        "sessions",
+        "fds",
+        "files",
+        "workers",
+        "threads",
+        "slots",
+        "backends",
+        "entries",
+        "processes",
+        "children",
+        "channels",
+        "sockets",
+        "pool",
+    }
+)
+#: Names of what is no count (a time, a size in bytes, a position, a state).
+_NOT_A_COUNT = frozenset(
+    {"age", "lsn", "status", "state", "cluster", "members", "nodes", "replicas", "version"}
+)
+#: How far a gauge may go above its limit over the day and the pair still be a limit: MySQL lets
+#: one connection past max_connections (for SUPER), and a gauge read between two scrapes' churn
+#: may count a connection being closed. Checked on every recording of
+#: tests/integration/test_atlas_recordings.py, healthy and at the limit: no pair inferred there
+#: (process_open_fds / process_max_fds, RabbitMQ's Erlang processes...) goes above its limit.
+OVERSHOOT_SHARE = 0.05
+OVERSHOOT_SLOTS = 1
+#: A configured limit stays put (a restart with a new setting changes it once or twice); a
+#: rolling high-water mark beside a gauge (Micrometer's jetty.connections.max, "the most
+#: connections seen over 2 minutes") moves with it and would always read "at its limit".
+LIMIT_CHANGES = 3
+#: The day over which the gauge's peak is compared with its limit, read every 5 minutes.
+OVERSHOOT_WINDOW = "1d"
+OVERSHOOT_STEP = "5m"
 _QUEUE_WORDS = frozenset({"queue", "queued", "pending", "waiting"})
 #: What may follow a queue or refusal word: what waits or was refused (not ``objects``, ``calls``).
 _WORK_NOUNS = frozenset(
@@ -117,6 +170,20 @@ class Lookalike:
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """A catalogue entry or an inferred pairing that was considered and not used, and why.
+
+    ``entry`` names it (a convention or resource entry's name, ``inferred pair used / limit``),
+    ``metric`` the family it was about (which service it concerns is read from it), ``reason``
+    one sentence. ``diagnose signals`` lists them per service.
+    """
+
+    entry: str
+    metric: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Recognition:
     """What was recognised at one instant: inferred conventions, resources and near misses."""
 
@@ -124,6 +191,7 @@ class Recognition:
     resources: tuple[Resource, ...] = ()
     lookalikes: tuple[Lookalike, ...] = ()
     families: Mapping[str, Family] = field(default_factory=dict)
+    rejected: tuple[Rejection, ...] = ()
 
 
 def _unclaimed(
@@ -195,12 +263,15 @@ def recognise(
     catalogue: Catalogue,
     bucket_bounds: Mapping[str, float] | None = None,
     native: Iterable[str] = (),
+    overshoots: Mapping[tuple[str, str], float] | None = None,
 ) -> Recognition:
     """Recognise the unclaimed families of ``names``.
 
     ``labels`` holds the label names of one series per candidate (:func:`candidate_series`);
     ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``;
-    ``native`` the names whose samples are native histograms.
+    ``native`` the names whose samples are native histograms;
+    ``overshoots`` the answer of :func:`overshoot_query` per pair (used, limit) of
+    :func:`candidate_pairs` (a pair without one is kept, and says its peak was not checked).
     """
     families = _unclaimed(names, catalogue, metadata, native)
     conventions: list[Convention] = []
@@ -214,14 +285,49 @@ def recognise(
                 lookalikes.append(found)
         else:
             conventions.append(found)
-    resources, missed = _resources(families, labels)
+    pairs, missed, refused = _pairings(families, labels)
+    resources: list[Resource] = []
+    for pairing in pairs:
+        over = None if overshoots is None else overshoots.get((pairing.used, pairing.limit))
+        rejected = None if over is None else _verdict(pairing, over)
+        if rejected is not None:
+            refused.append(rejected)
+            continue
+        resources.append(_resource(families, labels, pairing, checked=over is not None))
     present_resources = [r for r in catalogue.resources if r.required <= names]
+    refused += _partial_entries(catalogue, names)
     return Recognition(
         conventions=tuple(conventions),
         resources=(*present_resources, *resources),
         lookalikes=(*lookalikes, *missed),
         families=families,
+        rejected=tuple(refused),
     )
+
+
+def _partial_entries(catalogue: Catalogue, names: set[str]) -> list[Rejection]:
+    """Catalogued resources some of whose series exist and others not: the entry is not used."""
+    rejected = []
+    for resource in catalogue.resources:
+        present = resource.required & names
+        if present and present != resource.required:
+            missing = ", ".join(sorted(resource.required - names))
+            rejected.append(
+                Rejection(
+                    resource.how, min(present), f"{missing} absent, so the entry cannot compare use and limit"
+                )
+            )
+    return rejected
+
+
+def candidate_pairs(
+    names: set[str],
+    metadata: Mapping[str, Mapping[str, str]],
+    labels: Mapping[str, frozenset[str]],
+    catalogue: Catalogue,
+) -> list[Pairing]:
+    """The gauges and limits that pair by name, unit and labels, whose day's peak is to be checked."""
+    return _pairings(_unclaimed(names, catalogue, metadata), labels)[0]
 
 
 def _unit(family: Family, bounds: Mapping[str, float]) -> tuple[str, str]:
@@ -279,43 +385,91 @@ def _noun(parts: Iterable[str]) -> tuple[str, ...]:
     return tuple(_NOUNS.get(part, part) for part in parts)
 
 
-def _resources(
+@dataclass(frozen=True)
+class Pairing:
+    """A gauge and the limit it pairs with by name, unit and labels; it becomes a resource unless
+    the gauge went above the limit over the day (:func:`overshoot_query`)."""
+
+    prefix: tuple[str, ...]
+    noun: tuple[str, ...]
+    used: str
+    limit: str
+    #: The limit's own labels (beyond the target's), all of which the gauge has.
+    labels: tuple[str, ...]
+    #: The limit word on the limit's name (``limit``, ``max``...).
+    word: str
+
+    @property
+    def counted(self) -> str:
+        return " ".join(self.noun) or self.prefix[-1]
+
+
+def _counted(prefix: tuple[str, ...], noun: tuple[str, ...]) -> frozenset[str]:
+    """What a limit caps: its noun, or for a limit word at the end (``entries_limit``), the word before."""
+    return frozenset(_noun(noun or prefix[-1:]))
+
+
+def _pairings(
     families: Mapping[str, Family], labels: Mapping[str, frozenset[str]]
-) -> tuple[list[Resource], list[Lookalike]]:
-    """Gauges paired with their limits, with queues and refusals of the same prefix."""
-    limits: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, str]] = {}
+) -> tuple[list[Pairing], list[Lookalike], list[Rejection]]:
+    """Gauges paired with their limits by name, unit and labels; what looks like a limit and
+    has no gauge, and the pairs refused, with the reason."""
+    limits: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, str, str]] = {}
     for family in families.values():
         # Not a queue's most (HAProxy's max_queue is the longest seen): that is saturation.
         parts = _count_limit(family.name) if family.type == "gauge" else None
         if parts is None:
             continue
         prefix, word, noun = parts
-        rank = ("limit", "capacity", "max", "size").index(word)
+        rank = LIMIT_WORDS.index(word)
         key = (prefix, _noun(noun))
         if key not in limits or rank < limits[key][0]:
-            limits[key] = (rank, family.name)
-    found: list[Resource] = []
+            limits[key] = (rank, family.name, word)
+    pairs: list[Pairing] = []
     missed: list[Lookalike] = []
-    limit_names = {name for _, name in limits.values()}
-    for (prefix, noun), (_, limit) in sorted(limits.items()):
+    refused: list[Rejection] = []
+    limit_names = {name for _, name, _ in limits.values()}
+    for (prefix, noun), (_, limit, word) in sorted(limits.items()):
         used = _sibling(families, prefix, noun, limit_names)
+        counted = _counted(prefix, noun)
+        if not counted & _COUNT_NOUNS or counted & _NOT_A_COUNT:
+            near = used or _sibling(families, prefix, noun, limit_names, _NOT_A_COUNT)
+            if near is not None:
+                thing = " ".join(sorted(counted))
+                refused.append(
+                    Rejection(
+                        f"inferred pair {near} / {limit}",
+                        limit,
+                        f"{limit} caps {thing!r}, not a count a server holds at once "
+                        "(connections, clients, sessions, workers, threads, descriptors, entries)",
+                    )
+                )
+            continue
         if used is None:
             if set(noun) & _RESOURCE_NOUNS:
                 missed.append(
                     Lookalike(limit, "limit", "no gauge of the same prefix and noun counts what it limits")
                 )
             continue
-        resource = _resource(families, labels, prefix, noun, used, limit)
-        if isinstance(resource, Lookalike):
-            missed.append(resource)
+        found = _pairing(families, labels, prefix, noun, used, limit, word)
+        if isinstance(found, Pairing):
+            pairs.append(found)
+        elif isinstance(found, Lookalike):
+            missed.append(found)
         else:
-            found.append(resource)
-    return found, missed
+            refused.append(found)
+    return pairs, missed, refused
 
 
 def _sibling(
-    families: Mapping[str, Family], prefix: tuple[str, ...], noun: tuple[str, ...], limits: set[str]
+    families: Mapping[str, Family],
+    prefix: tuple[str, ...],
+    noun: tuple[str, ...],
+    limits: set[str],
+    words: frozenset[str] = _USAGE_WORDS,
 ) -> str | None:
+    """The gauge of ``prefix`` and ``noun`` that counts what the limit caps (``words`` between
+    them: ``current``, ``active``...), the one with the fewest such words."""
     best: tuple[int, str] | None = None
     for family in families.values():
         if family.type != "gauge" or family.name in limits:
@@ -327,27 +481,75 @@ def _sibling(
         middle = rest[: len(rest) - len(noun)] if noun else rest
         if noun and _noun(rest[len(middle) :]) != noun:
             continue
-        if (middle and not set(middle) <= _USAGE_WORDS) or (not noun and not middle):
+        if (middle and not set(middle) <= words) or (not noun and not middle):
             continue
         if best is None or len(middle) < best[0]:
             best = (len(middle), family.name)
     return best[1] if best else None
 
 
-def _resource(
+def _pairing(
     families: Mapping[str, Family],
     labels: Mapping[str, frozenset[str]],
     prefix: tuple[str, ...],
     noun: tuple[str, ...],
     used: str,
     limit: str,
-) -> Resource | Lookalike:
+    word: str,
+) -> Pairing | Lookalike | Rejection:
     limit_labels, used_labels = labels.get(limit), labels.get(used)
     if limit_labels is None or used_labels is None:
         return Lookalike(limit, "limit", f"no series of {limit} or {used} to read labels from")
     own = limit_labels - {"__name__", "job", "instance", "namespace"}
     if not own <= used_labels:
         return Lookalike(limit, "limit", f"{used} lacks the labels {sorted(own - used_labels)} of its limit")
+    entry = f"inferred pair {used} / {limit}"
+    if _NOT_COUNTS & set(tokens(used)):
+        return Rejection(entry, limit, f"{used} is not a count (its name gives a unit or a rate)")
+    units = {families[name].unit for name in (used, limit) if families[name].unit}
+    if len(units) > 1:
+        return Rejection(entry, limit, f"their units differ ({', '.join(sorted(units))})")
+    return Pairing(prefix, noun, used, limit, tuple(sorted(own)), word)
+
+
+def overshoot_query(pairing: Pairing) -> str:
+    """The day's verdict on a pair, one number: 1 when the gauge, summed to the limit's labels, went
+    above its limit (with the slack of ``OVERSHOOT_SHARE`` and ``OVERSHOOT_SLOTS``), plus 2 when the
+    limit changed more than ``LIMIT_CHANGES`` times (a high-water mark, not a configured limit); 0
+    when neither."""
+    by = f"by ({', '.join((*TARGET_LABELS, *pairing.labels))})"
+    # A limit of 0 is none (PgBouncer's max_connections, database/sql's max open): not exceeded.
+    over = (
+        f"sum {by} ({pairing.used}) > bool "
+        f"((max {by} ({pairing.limit}) > 0) * {1 + OVERSHOOT_SHARE:g} + {OVERSHOOT_SLOTS})"
+    )
+    moving = f"max(changes({pairing.limit}[{OVERSHOOT_WINDOW}])) > bool {LIMIT_CHANGES}"
+    return f"max(max_over_time(({over})[{OVERSHOOT_WINDOW}:{OVERSHOOT_STEP}])) + 2 * ({moving})"
+
+
+def _verdict(pairing: Pairing, value: float) -> Rejection | None:
+    entry = f"inferred pair {pairing.used} / {pairing.limit}"
+    if value >= 2:
+        return Rejection(
+            entry,
+            pairing.limit,
+            f"{pairing.limit} changed more than {LIMIT_CHANGES} times in {OVERSHOOT_WINDOW}: "
+            "a high-water mark, not a configured limit",
+        )
+    if value > 0:
+        return Rejection(
+            entry,
+            pairing.limit,
+            f"{pairing.used} went above {pairing.limit} in the last {OVERSHOOT_WINDOW}, "
+            "so that is not its limit",
+        )
+    return None
+
+
+def _resource(
+    families: Mapping[str, Family], labels: Mapping[str, frozenset[str]], pairing: Pairing, checked: bool
+) -> Resource:
+    prefix, own = pairing.prefix, frozenset(pairing.labels)
     queued = [
         f.name
         for f in families.values()
@@ -360,19 +562,26 @@ def _resource(
         for f in families.values()
         if f.type == "counter" and _work_after(f.name, prefix, _REFUSAL_WORDS)
     ]
-    noun_text = " ".join(noun) or tokens(limit)[-1]
-    kind = _kind(noun)
+    noun_text = pairing.counted
+    kind = _kind(_counted(prefix, pairing.noun))
     role = (
         "process" if kind == "file_descriptors" else "proxy" if queued or prefix[0] in _PROXIES else "server"
     )
     queue_text = f"; queue {', '.join(sorted(queued))}" if queued else ""
-    how = f"inferred (gauge {used} with its limit {limit}, by name{queue_text})"
+    label_text = (
+        f"its labels {', '.join(pairing.labels)} on the gauge" if pairing.labels else "no labels of its own"
+    )
+    peak_text = "the gauge never above it over the day" if checked else "the day's peak not checked"
+    how = (
+        f"inferred (gauge {pairing.used} with its limit {pairing.limit}: both count {noun_text}, "
+        f"{pairing.word!r} in the limit's name, {label_text}, {peak_text}{queue_text})"
+    )
     return Resource(
         name=f"{'_'.join(prefix)} {noun_text}",
         kind=kind,
-        used=used,
-        limit=limit,
-        labels=tuple(sorted(own)),
+        used=pairing.used,
+        limit=pairing.limit,
+        labels=pairing.labels,
         queued=tuple(sorted(queued)),
         refused=tuple(sorted(refused)),
         how=how,
@@ -407,9 +616,9 @@ def _queue_of(name: str, labels: frozenset[str] | None, prefix: tuple[str, ...],
     return bool(theirs) and theirs < own and _work_after(name, tuple(parts[:2]), _QUEUE_WORDS)
 
 
-def _kind(noun: tuple[str, ...]) -> str:
+def _kind(noun: Iterable[str]) -> str:
     words = set(noun)
-    if words & {"connections", "clients", "sessions", "backends"}:
+    if words & {"connections", "clients", "sessions", "backends", "sockets"}:
         return "connections"
     if words & {"fds", "files"}:
         return "file_descriptors"

@@ -3,7 +3,9 @@
 For one instant: every signal a catalogued convention or recognition by shape answers, per
 service (the scrape job, or the label a convention maps ``service`` to), with the metric, the unit
 it is read in, the normalised labels and how it was recognised; every resource with a limit; and
-what looks like a request duration or a limit but was not recognised, with the reason. This is
+what looks like a request duration or a limit but was not recognised, with the reason; and every
+catalogue entry or inferred pair considered and not used, with the reason (a limit its gauge went
+above, a status or a cluster size, an entry some of whose series are absent). This is
 how a user learns why a rule had no data. It costs one ``group by`` query per present form (a
 command run by hand, not a rule).
 """
@@ -18,14 +20,14 @@ from diagnoser.models import SourceError
 from diagnoser.promql import held, kind_from_names, label_name, quote
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
 from diagnoser.signals.holdings import holdings, resolve
-from diagnoser.signals.infer import Lookalike, Recognition
+from diagnoser.signals.infer import Recognition
 from diagnoser.signals.otlp import escape_label
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.resources import Resource
 from diagnoser.signals.shapes import STATUS_LABELS
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["Inventory", "Recognised", "Unrecognised", "inventory"]
+__all__ = ["Inventory", "Recognised", "Rejected", "Unrecognised", "inventory"]
 
 _UNITS_BY_SCALE = {scale: unit for unit, scale in TIME_UNITS.items()}
 
@@ -54,14 +56,29 @@ class Unrecognised:
     reason: str
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """A catalogue entry or an inferred pair considered for a service and not used, and why."""
+
+    service: str
+    entry: str
+    metric: str
+    reason: str
+
+
 @dataclass
 class Inventory:
     recognised: list[Recognised] = field(default_factory=list)
     unrecognised: list[Unrecognised] = field(default_factory=list)
     errors: list[SourceError] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
 
     def services(self) -> list[str]:
-        return sorted({r.service for r in self.recognised} | {u.service for u in self.unrecognised})
+        return sorted(
+            {r.service for r in self.recognised}
+            | {u.service for u in self.unrecognised}
+            | {r.service for r in self.rejected}
+        )
 
 
 def _unit(form: Form, catalogue: Catalogue, signal: str) -> str:
@@ -175,7 +192,7 @@ async def _resource_rows(
                 signal=f"resource ({resource.kind}, {resource.role}): {resource.name}",
                 convention=resource.how,
                 inferred=resource.how.startswith("inferred"),
-                metric=f"{resource.used} / {resource.limit}",
+                metric=" ".join(f"{resource.used} / {resource.limit}".split()),
                 unit="count",
                 labels={"service": "job", **{label: label for label in resource.labels}},
                 caveat=resource.caveat,
@@ -185,29 +202,49 @@ async def _resource_rows(
     return rows, errors
 
 
-async def _unrecognised_rows(
-    source: PrometheusSource, lookalikes: tuple[Lookalike, ...], names: set[str], at: datetime
-) -> tuple[list[Unrecognised], list[SourceError]]:
-    by_series = {
-        name: item for item in lookalikes for name in (item.metric, f"{item.metric}_count") if name in names
-    }
+async def _jobs_of(
+    source: PrometheusSource, metrics: set[str], names: set[str], at: datetime
+) -> dict[str, list[str]] | SourceError:
+    """The jobs each of ``metrics`` (a family, or its ``_count`` series) has series in."""
+    by_series = {name: metric for metric in metrics for name in (metric, f"{metric}_count") if name in names}
     if not by_series:
-        return [], []
+        return {}
     matcher = "{__name__=~" + quote("|".join(sorted(by_series))) + "}"
     samples = await source.query(f"group by (__name__, job) ({matcher})", at)
     if isinstance(samples, SourceError):
-        return [], [samples]
-    rows = {
-        (s.labels.get("job", ""), by_series[s.labels.get("__name__", "")].metric): by_series[
-            s.labels["__name__"]
-        ]
-        for s in samples
-        if s.labels.get("__name__") in by_series
-    }
-    return [
-        Unrecognised(service=job, metric=item.metric, looks_like=item.looks_like, reason=item.reason)
-        for (job, _), item in sorted(rows.items())
-    ], []
+        return samples
+    jobs: dict[str, set[str]] = {}
+    for sample in samples:
+        metric = by_series.get(sample.labels.get("__name__", ""))
+        if metric is not None:
+            jobs.setdefault(metric, set()).add(sample.labels.get("job", ""))
+    return {metric: sorted(found) for metric, found in jobs.items()}
+
+
+async def _unrecognised_rows(
+    source: PrometheusSource, found: Recognition, names: set[str], at: datetime
+) -> tuple[list[Unrecognised], list[Rejected], list[SourceError]]:
+    metrics = {item.metric for item in found.lookalikes} | {item.metric for item in found.rejected}
+    jobs = await _jobs_of(source, metrics, names, at)
+    if isinstance(jobs, SourceError):
+        return [], [], [jobs]
+    missed = sorted(
+        {
+            Unrecognised(service=job, metric=item.metric, looks_like=item.looks_like, reason=item.reason)
+            for item in found.lookalikes
+            for job in jobs.get(item.metric, [])
+        },
+        key=lambda u: (u.service, u.metric),
+    )
+    rejected = sorted(
+        {
+            Rejected(service=job, entry=item.entry, metric=item.metric, reason=item.reason)
+            for item in found.rejected
+            for job in jobs.get(item.metric, [])
+        },
+        key=lambda r: (r.service, r.entry),
+    )
+    return missed, rejected, []
 
 
 async def inventory(
@@ -223,10 +260,11 @@ async def inventory(
     signals, resources, missed = await asyncio.gather(
         _signal_rows(source, catalogue, found, names, at, lookback_s),
         _resource_rows(source, found.resources, at),
-        _unrecognised_rows(source, found.lookalikes, names, at),
+        _unrecognised_rows(source, found, names, at),
     )
     return Inventory(
         recognised=[*signals[0], *resources[0]],
         unrecognised=missed[0],
-        errors=[*signals[1], *resources[1], *missed[1]],
+        rejected=missed[1],
+        errors=[*signals[1], *resources[1], *missed[2]],
     )

@@ -4,11 +4,12 @@
 shares), ``/api/v1/metadata``, and then, only for the few families recognition needs to look at,
 one instant query for a series' labels per family, one for the names that may hold native
 histograms (whose samples, not their names, say so: ``histogram_count`` answers only for native
-histogram samples) and, for histograms without a unit, one for their bucket bounds. The result is
-kept by the source for the instant, so rules never pay a round trip of their own. A metadata
-endpoint that fails or answers nothing (VictoriaMetrics, backfilled data) leaves recognition to
-the names; a failing query leaves the families it was about unrecognised (listed as look-alikes),
-never the rule failed.
+histogram samples) and, for histograms without a unit, one for their bucket bounds; then, for each
+gauge that pairs with a limit by name and labels, one query for whether it went above that limit
+over the day (a limit it exceeds is not its limit). The result is kept by the source for the
+instant, so rules never pay a round trip of their own. A metadata endpoint that fails or answers
+nothing (VictoriaMetrics, backfilled data) leaves recognition to the names; a failing query leaves
+the families it was about unrecognised (listed as look-alikes), never the rule failed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from datetime import datetime
 from diagnoser.models import SourceError
 from diagnoser.promql import quote
 from diagnoser.signals.catalogue import Catalogue
-from diagnoser.signals.infer import Recognition, candidate_series, recognise, unitless_histograms
+from diagnoser.signals.infer import (
+    Pairing,
+    Recognition,
+    candidate_pairs,
+    candidate_series,
+    overshoot_query,
+    recognise,
+    unitless_histograms,
+)
 from diagnoser.signals.shapes import families_of, native_candidates
 from diagnoser.sources.prometheus import PrometheusSource
 
@@ -81,6 +90,18 @@ async def _bucket_bounds(source: PrometheusSource, names: list[str], at: datetim
     return bounds
 
 
+async def _overshoots(
+    source: PrometheusSource, pairs: list[Pairing], at: datetime
+) -> dict[tuple[str, str], float]:
+    """Per pair, whether its gauge went above its limit over the day (a failed query: unchecked)."""
+    answers = await asyncio.gather(*(source.query(overshoot_query(pair), at) for pair in pairs))
+    found: dict[tuple[str, str], float] = {}
+    for pair, samples in zip(pairs, answers, strict=True):
+        if not isinstance(samples, SourceError) and samples and not math.isnan(samples[0].value):
+            found[(pair.used, pair.limit)] = samples[0].value
+    return found
+
+
 async def recognition(
     source: PrometheusSource, catalogue: Catalogue, at: datetime, lookback_s: float
 ) -> Recognition | SourceError:
@@ -100,6 +121,11 @@ async def recognition(
             _native_label_sets(source, native_candidates(names, described), at),
             _bucket_bounds(source, unitless_histograms(durations), at),
         )
-        return recognise(names, described, {**labels, **native}, catalogue, bounds, native=set(native))
+        # A third round trip only where gauges pair with limits: is each limit above its gauge's day?
+        overshoots = await _overshoots(source, candidate_pairs(names, described, labels, catalogue), at)
+        return recognise(
+            names, described, {**labels, **native}, catalogue, bounds,
+            native=set(native), overshoots=overshoots,
+        )
 
     return await source.shared(("recognition", at.timestamp(), lookback_s, id(catalogue)), ask)

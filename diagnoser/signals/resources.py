@@ -10,7 +10,7 @@ exporters whose names no shape gives away (PostgreSQL's ``pg_stat_activity_count
     resources:
       - name: postgres-exporter
         title: PostgreSQL connections (prometheus-community postgres_exporter)
-        resource: postgresql connections
+        resource: postgresql max_connections
         kind: connections
         role: server
         used: pg_stat_activity_count
@@ -56,11 +56,12 @@ class ResourceSpec(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     title: str
-    #: What the finding calls it (``postgresql connections``).
+    #: What the finding calls it (``postgresql max_connections``).
     resource: str
     kind: Literal["connections", "file_descriptors", "workers", "other"]
-    #: ``server`` (a server's own limit), ``proxy`` (a proxy's limit towards a server) or ``pool``.
-    role: Literal["server", "proxy", "pool", "process"] = "server"
+    #: ``server`` (a server's own limit), ``proxy`` (a proxy's limit towards a server), ``pool``,
+    #: ``process`` (a process' own: descriptors, workers) or ``host`` (the kernel's, for all).
+    role: Literal["server", "proxy", "pool", "process", "host"] = "server"
     used: str
     limit: str
     labels: list[str] = Field(default_factory=list)
@@ -128,6 +129,18 @@ def _names(names: tuple[str, ...]) -> str:
     return "{__name__=~" + quote("|".join(names)) + "}"
 
 
+def _rates(counters: tuple[str, ...], window: str) -> str:
+    """The per-second rate of each of ``counters`` (selectors), side by side: ``rate()`` drops the
+    metric name, so two counters with the same labels (memcached's rejected connections and
+    listener disabled) are told apart by a label of their own before they are summed."""
+    if len(counters) == 1:
+        return f"rate({counters[0]}[{window}])"
+    return " or ".join(
+        f'label_replace(rate({counter}[{window}]), "refusal", "{index}", "", "")'
+        for index, counter in enumerate(counters)
+    )
+
+
 def resource_query(
     resource: Resource, measure: Measure, window: str, resolution: str, near: float
 ) -> str | None:
@@ -163,4 +176,4 @@ def resource_query(
         return f"{function}((sum {by} ({_names(resource.queued)})){ranged})"
     if not resource.refused:
         return None
-    return f"sum {by} (rate({_names(resource.refused)}[{window}]))"
+    return f"sum {by} ({_rates(resource.refused, window)})"

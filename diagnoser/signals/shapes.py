@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 __all__ = [
     "CLIENT_TOKENS",
+    "LIMIT_WORDS",
     "PEER_LABELS",
     "STATUS_LABELS",
     "Family",
@@ -61,7 +62,7 @@ _METADATA_UNITS = {
 }
 #: Words before a noun that make a limit (``limit_sessions``, ``max_fds``), most specific first:
 #: HAProxy's ``max_sessions`` is the highest count seen, its ``limit_sessions`` the configured one.
-LIMIT_WORDS = ("limit", "capacity", "max", "size")
+LIMIT_WORDS = ("limit", "capacity", "max", "maximum", "size")
 _FUSED_LIMITS = {
     "maxconn": "connections",
     "maxconns": "connections",

@@ -79,11 +79,20 @@ def test_resource_example_loads_as_a_catalogued_resource(tmp_path: Path) -> None
     path.write_text(only("resources").text, encoding="utf-8")
     [resource] = [r for r in load_catalogue((path,)).resources if r.how == "postgres-exporter"]  # replaced, not added
     assert (resource.name, resource.kind, resource.role, resource.labels) == (
-        "postgresql connections", "connections", "server", ("server",)
+        "postgresql max_connections", "connections", "server", ("server",)
     )
     assert resource.required == {
         "pg_stat_activity_count", "pg_settings_max_connections", "pg_settings_superuser_reserved_connections"
     }
+
+
+def test_the_atlas_entry_example_loads_and_claims_its_names(tmp_path: Path) -> None:
+    path = tmp_path / "acme.yaml"
+    path.write_text(only("atlas-entry").text, encoding="utf-8")
+    [resource] = [r for r in load_catalogue((path,)).resources if r.how == "acme-db"]
+    assert (resource.name, resource.kind, resource.role) == ("acmedb max_sessions", "connections", "server")
+    assert resource.required == {"acmedb_sessions_open", "acmedb_config_max_sessions"}
+    assert resource.refused == ("acmedb_sessions_refused_total",)
 
 
 def test_condition_example_loads_inside_a_rule(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ KNOWN_KINDS = {
     "grpc-probe",  # test_config_examples.py: a gRPC probe file, loaded by the probe file loader
     "signals",  # test_config_examples.py: loaded into the signal catalogue
     "resources",  # test_config_examples.py: a catalogue file's resources, loaded
+    "atlas-entry",  # test_config_examples.py: an atlas entry, loaded into the catalogue and read by shape
     "condition",  # test_config_examples.py: loaded by the rule loader inside a rule
     "rule-error",  # test_config_examples.py: the loader's message for that mistake
     "json diagnosis",  # test_config_examples.py: validated by the Diagnosis model

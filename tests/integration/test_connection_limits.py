@@ -81,7 +81,7 @@ def test_postgresql_at_max_connections_is_named_with_its_limit(prometheus_url: s
     assert findings[0]["rule_id"] == "resources/server-connection-limit-slo", [f["rule_id"] for f in findings]
     assert finding["cause"] == "connection_limit_reached"
     # max_connections 20 less 3 reserved for superusers: 17 for the service's role.
-    assert "postgresql connections (server=" in str(finding["title"])
+    assert "postgresql max_connections (server=" in str(finding["title"])
     assert "of the 17 allowed" in str(finding["summary"])
     assert "client service's requests failing" in str(finding["summary"])
     recommendation = str(finding["recommendation"])
@@ -100,14 +100,13 @@ def test_haproxy_at_its_server_maxconn_is_named_with_its_queue(prometheus_url: s
     assert code == 1
     finding = _only(findings, "resources/proxy-connection-limit")
     assert finding["cause"] == "connection_limit_reached"
-    assert "haproxy_server sessions (proxy=app, server=app1)" in str(finding["title"])
+    assert "haproxy server maxconn (proxy=app, server=app1)" in str(finding["title"])
     summary = str(finding["summary"])
     assert "reached 4 of the 4 allowed" in summary and "requests queued in the proxy" in summary
     assert "maxconn on the server line" in str(finding["recommendation"])
     evidence = finding["evidence"]
     assert isinstance(evidence, list)
-    assert str(evidence[0]["convention"]).startswith("inferred (gauge haproxy_server_current_sessions")
-    assert evidence[0]["caveat"]
+    assert evidence[0]["convention"] == "haproxy-server-maxconn"
     for key in ("title", "summary", "recommendation"):
         assert "unknown" not in str(finding[key]) and "?" not in str(finding[key]), finding[key]
 

@@ -63,7 +63,7 @@ def test_incident_coverage_lists_the_rules_that_had_data(incident_prometheus: In
     line = " ".join(table.stdout[table.stdout.index("coverage: "):].split())
     assert f"{coverage['counts']['evaluated']} rules evaluated (" in line
     assert "pools: " in line
-    assert "without data: " in line and "kube_*" in line
+    assert "without data: " in line and "container_*" in line
     # Reasons come most common first; the gRPC probe rules put the probe level with Elasticsearch.
     skipped = line.split(" skipped: ", 1)[1].split(", ")
     assert skipped[0] == "no kubernetes" and {"no elasticsearch", "no probe"} <= set(skipped[1:3]), line

@@ -1,7 +1,7 @@
 """A real Redis at maxclients, scraped live by prometheus-redis-exporter and a real Prometheus.
 
 The client side of the incident in the README: clients' pools want more connections than Redis
-allows, Redis rejects them, and ``diagnose now`` names connection_pool_exhaustion with the
+allows, Redis rejects them, and ``diagnose now`` names connection_limit_reached with the
 maxclients to set.
 """
 
@@ -87,7 +87,7 @@ def test_redis_at_maxclients_is_diagnosed(redis_stack: tuple[int, str]) -> None:
     redis = [f for f in report["findings"] if f["rule_id"] == "pools/redis-rejected-connections"]
     assert len(redis) == 1, report["findings"]
     finding = redis[0]
-    assert finding["cause"] == "connection_pool_exhaustion"
+    assert finding["cause"] == "connection_limit_reached"
     assert finding["labels"]["instance"] == exporter
     assert f"of {MAXCLIENTS} client slots" in finding["summary"]
     assert f"from {MAXCLIENTS} to at least 15" in finding["recommendation"]
@@ -110,7 +110,7 @@ def test_redis_full_while_its_exporter_is_blind_is_diagnosed_during_the_storm(re
     assert result.code == 1, result.stderr
     findings = {f["rule_id"]: f for f in json.loads(result.stdout)["findings"]}
     blind = findings["pools/redis-maxclients-exporter-blind"]
-    assert blind["cause"] == "connection_pool_exhaustion"
+    assert blind["cause"] == "connection_limit_reached"
     assert f"maxclients is {MAXCLIENTS}" in blind["summary"]
     assert f"from {MAXCLIENTS} to at least 15" in blind["recommendation"]
     assert findings["sources/exporter-cannot-scrape"]["cause"] == "source_unavailable"

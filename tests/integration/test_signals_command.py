@@ -62,13 +62,10 @@ def test_catalogued_and_inferred_signals_are_listed_per_service(prometheus_url: 
     assert [(r["convention"], r["inferred"]) for r in postgres if "postgresql" in r["signal"]] == [
         ("postgres-exporter", False)
     ]
-    [server] = [r for r in services["haproxy"]["signals"] if r["signal"].endswith("haproxy_server sessions")]
-    assert server["inferred"] and server["convention"].startswith(
-        "inferred (gauge haproxy_server_current_sessions"
-    )
+    [server] = [r for r in services["haproxy"]["signals"] if r["signal"].endswith("haproxy server maxconn")]
+    assert (server["convention"], server["inferred"]) == ("haproxy-server-maxconn", False)
     assert server["metric"] == "haproxy_server_current_sessions / haproxy_server_limit_sessions"
     assert server["labels"] == {"service": "job", "proxy": "proxy", "server": "server"}
-    assert server["caveat"]
 
 
 def test_what_looks_like_a_signal_but_is_not_recognised_says_why(prometheus_url: str) -> None:

@@ -182,3 +182,38 @@ def test_ranking_puts_the_cause_upstream_of_another_cause_first_even_from_anothe
     database.labels = {"job": "postgres"}
     ranked = rank_findings([shedding, symptom, database])
     assert [f.rule_id for f in ranked] == ["resources/limit", "http/shed", "h/err"]
+
+
+def test_a_cause_explained_by_another_folds_into_it_once() -> None:
+    from diagnoser.engine.rank import rank_findings
+    from diagnoser.models import Finding, Severity
+
+    limit = Finding(
+        rule_id="resources/server-connection-limit", cause="connection_limit_reached", kind="cause",
+        severity=Severity.critical, title="mysql max_connections at the server's limit: mysql",
+        summary="mysql max_connections reached 20 of the 20 allowed", recommendation="Put a pooler in front.",
+        runbook_url="https://runbooks/resources/server-connection-limit.md", labels={"job": "mysql"},
+        explains=["load_shedding", "error_rate_breach"],
+    )
+    shedding = Finding(
+        rule_id="http/http-load-shedding", cause="load_shedding", kind="cause", severity=Severity.critical,
+        title="Load shedding: orders answers 503", summary="orders: 95% of requests get 503",
+        recommendation="about 28.00x the current replicas", labels={"job": "orders"},
+        explains=["error_rate_breach"],
+    )
+    elsewhere = shedding.model_copy(update={"labels": {"job": "billing", "namespace": "billing"}})
+    mine = limit.model_copy(update={"labels": {"job": "mysql", "namespace": "shop"}})
+    ranked = rank_findings(rank_findings([shedding, limit]))
+    assert [f.rule_id for f in ranked] == ["resources/server-connection-limit", "http/http-load-shedding"]
+    folded = ranked[1]
+    assert folded.recommendation.startswith("mysql max_connections at the server's limit: mysql explains this")
+    assert "replicas" in folded.recommendation and "28.00x" not in folded.recommendation
+    assert [e.detail for e in folded.evidence] == [
+        "explained by resources/server-connection-limit: mysql max_connections at the server's limit: mysql"
+    ]
+    assert [e.detail for e in ranked[0].evidence] == [
+        "explains http/http-load-shedding: Load shedding: orders answers 503"
+    ]
+    # Another namespace's 503s keep their own advice.
+    apart = rank_findings([elsewhere, mine])
+    assert [f.recommendation for f in apart if f.cause == "load_shedding"] == ["about 28.00x the current replicas"]

@@ -13,7 +13,14 @@ import pytest
 
 from diagnoser.signals import load_catalogue
 from diagnoser.signals.catalogue import Catalogue
-from diagnoser.signals.infer import CAVEAT, Recognition, candidate_series, recognise
+from diagnoser.signals.infer import (
+    CAVEAT,
+    Recognition,
+    candidate_pairs,
+    candidate_series,
+    overshoot_query,
+    recognise,
+)
 from diagnoser.signals.resources import resource_query
 
 TARGET = frozenset({"job", "instance"})
@@ -32,60 +39,83 @@ def _recognise(
     return recognise(set(labels), metadata or {}, labels, load_catalogue(catalogue_files), bounds)
 
 
-def test_haproxy_server_sessions_pair_with_the_configured_limit_not_the_highest_seen() -> None:
+def test_haproxy_is_catalogued_with_both_its_queues() -> None:
     found = _recognise(
         _labels(
             haproxy_server_current_sessions=("proxy", "server"),
             haproxy_server_limit_sessions=("proxy", "server"),
             haproxy_server_max_sessions=("proxy", "server"),
-            haproxy_server_current_queue=("proxy", "server"),
-            haproxy_server_max_queue=("proxy", "server"),
             haproxy_backend_current_queue=("proxy",),
-            haproxy_process_current_run_queue=(),
+            haproxy_server_current_queue=("proxy", "server"),
         )
     )
-    [resource] = [r for r in found.resources if r.name == "haproxy_server sessions"]
+    [resource] = [r for r in found.resources if r.used == "haproxy_server_current_sessions"]
+    assert (resource.name, resource.how, resource.limit) == (
+        "haproxy server maxconn", "haproxy-server-maxconn", "haproxy_server_limit_sessions"
+    )
+    assert resource.queued == ("haproxy_backend_current_queue", "haproxy_server_current_queue")
+
+
+def test_proxy_sessions_pair_with_the_configured_limit_not_the_highest_seen() -> None:
+    # HAProxy's exporter shape under another prefix (HAProxy's own stats via a renaming relabel
+    # rule, "lb_"), so that no catalogue entry claims it.
+    found = _recognise(
+        _labels(
+            lb_server_current_sessions=("proxy", "server"),
+            lb_server_limit_sessions=("proxy", "server"),
+            lb_server_max_sessions=("proxy", "server"),
+            lb_server_current_queue=("proxy", "server"),
+            lb_server_max_queue=("proxy", "server"),
+            lb_backend_current_queue=("proxy",),
+            lb_process_current_run_queue=(),
+        )
+    )
+    [resource] = [r for r in found.resources if r.name == "lb_server sessions"]
     assert (resource.used, resource.limit) == (
-        "haproxy_server_current_sessions",
-        "haproxy_server_limit_sessions",
+        "lb_server_current_sessions",
+        "lb_server_limit_sessions",
     )
     assert (
         resource.labels == ("proxy", "server") and resource.role == "proxy" and resource.kind == "connections"
     )
     # The backend holds the queue of a one-server backend; the process run queue is no request's.
-    assert resource.queued == ("haproxy_backend_current_queue", "haproxy_server_current_queue")
-    assert resource.how.startswith("inferred (gauge haproxy_server_current_sessions with its limit")
+    assert resource.queued == ("lb_backend_current_queue", "lb_server_current_queue")
+    assert resource.how.startswith("inferred (gauge lb_server_current_sessions with its limit")
     assert resource.caveat == CAVEAT
     assert not [r for r in found.resources if "queue" in r.name]
+    # With no proxy name in the prefix, the queue makes it a proxy.
+    assert resource.role == "proxy"
 
 
 @pytest.mark.parametrize(
     ("labels", "name", "used", "limit", "refused", "kind"),
     [
         (
+            # redis_exporter run with -namespace keydb: the catalogue's names do not apply.
             _labels(
-                redis_connected_clients=(),
-                redis_config_maxclients=(),
-                redis_rejected_connections_total=(),
-                redis_commands_rejected_calls_total=("cmd",),
-                redis_lazyfree_pending_objects=(),
+                keydb_connected_clients=(),
+                keydb_config_maxclients=(),
+                keydb_rejected_connections_total=(),
+                keydb_commands_rejected_calls_total=("cmd",),
+                keydb_lazyfree_pending_objects=(),
             ),
-            "redis clients",
-            "redis_connected_clients",
-            "redis_config_maxclients",
-            ("redis_rejected_connections_total",),
+            "keydb clients",
+            "keydb_connected_clients",
+            "keydb_config_maxclients",
+            ("keydb_rejected_connections_total",),
             "connections",
         ),
         (
+            # Micrometer's Tomcat connector connections against maxConnections: no catalogue entry.
             _labels(
-                memcached_current_connections=(),
-                memcached_max_connections=(),
-                memcached_connections_rejected_total=(),
+                tomcat_connections_current_connections=("name",),
+                tomcat_connections_keepalive_current_connections=("name",),
+                tomcat_connections_config_max_connections=("name",),
             ),
-            "memcached connections",
-            "memcached_current_connections",
-            "memcached_max_connections",
-            ("memcached_connections_rejected_total",),
+            "tomcat_connections connections",
+            "tomcat_connections_current_connections",
+            "tomcat_connections_config_max_connections",
+            (),
             "connections",
         ),
         (
@@ -97,7 +127,7 @@ def test_haproxy_server_sessions_pair_with_the_configured_limit_not_the_highest_
             "file_descriptors",
         ),
     ],
-    ids=["redis", "memcached", "process-fds"],
+    ids=["redis-exporter-namespaced", "micrometer-tomcat-connections", "process-fds"],
 )
 def test_a_gauge_beside_its_limit_is_a_resource(
     labels: dict[str, frozenset[str]], name: str, used: str, limit: str, refused: tuple[str, ...], kind: str
@@ -243,15 +273,18 @@ def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None
         "http_server_request_duration_seconds_count",
         "http_server_request_duration_seconds_sum",
         "http_server_request_duration_seconds_bucket",
+        # Catalogued (signals/servers.yaml): claimed, so no candidates.
         "redis_connected_clients",
         "redis_config_maxclients",
+        "keydb_connected_clients",
+        "keydb_config_maxclients",
         "go_goroutines",
         "up",
     }
     assert candidate_series(names, {}, load_catalogue()) == [
+        "keydb_config_maxclients",
+        "keydb_connected_clients",
         "ktor_http_server_requests_seconds_count",
-        "redis_config_maxclients",
-        "redis_connected_clients",
     ]
 
 
@@ -264,3 +297,78 @@ def test_resource_queries_read_the_peak_between_scrapes_and_sum_to_the_resource_
     )
     assert resource_query(resource, "queued", "2m", "15s", 0.95) is None
     assert resource_query(resource, "pressure", "2m", "15s", 0.95) is None
+
+
+def test_a_status_a_cluster_size_or_an_age_is_never_a_limit() -> None:
+    # mysqld_exporter on a Galera node, and InnoDB's checkpoint age (recorded: mysqld-exporter-*).
+    found = _recognise(
+        _labels(
+            mysql_global_status_wsrep_cluster_status=(),
+            mysql_global_status_wsrep_cluster_size=(),
+            mysql_global_status_innodb_checkpoint_age=(),
+            mysql_global_status_innodb_checkpoint_max_age=(),
+        )
+    )
+    assert found.resources == ()
+    reasons = {r.entry: r.reason for r in found.rejected}
+    assert reasons == {
+        "inferred pair mysql_global_status_wsrep_cluster_status / mysql_global_status_wsrep_cluster_size": (
+            "mysql_global_status_wsrep_cluster_size caps 'cluster', not a count a server holds at once "
+            "(connections, clients, sessions, workers, threads, descriptors, entries)"
+        ),
+        "inferred pair mysql_global_status_innodb_checkpoint_age / mysql_global_status_innodb_checkpoint_max_age": (
+            "mysql_global_status_innodb_checkpoint_max_age caps 'age', not a count a server holds at once "
+            "(connections, clients, sessions, workers, threads, descriptors, entries)"
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    ("verdict", "kept", "reason"),
+    [
+        (0.0, True, ""),
+        (1.0, False, "went above lb_server_limit_sessions in the last 1d, so that is not its limit"),
+        (2.0, False, "changed more than 3 times in 1d: a high-water mark, not a configured limit"),
+        (3.0, False, "changed more than 3 times in 1d: a high-water mark, not a configured limit"),
+    ],
+    ids=["within", "gauge-above-it", "limit-moves", "both"],
+)
+def test_a_pair_is_kept_only_when_its_day_agrees(verdict: float, kept: bool, reason: str) -> None:
+    labels = _labels(lb_server_current_sessions=("server",), lb_server_limit_sessions=("server",))
+    catalogue = load_catalogue()
+    [pair] = candidate_pairs(set(labels), {}, labels, catalogue)
+    # What the pair's day is asked, per pair, in one query.
+    assert overshoot_query(pair) == (
+        "max(max_over_time((sum by (namespace, job, instance, server) (lb_server_current_sessions) > bool "
+        "((max by (namespace, job, instance, server) (lb_server_limit_sessions) > 0) * 1.05 + 1))[1d:5m]))"
+        " + 2 * (max(changes(lb_server_limit_sessions[1d])) > bool 3)"
+    )
+    found = recognise(set(labels), {}, labels, catalogue, overshoots={(pair.used, pair.limit): verdict})
+    assert bool(found.resources) is kept
+    if kept:
+        assert "the gauge never above it over the day" in found.resources[0].how
+    else:
+        [rejected] = found.rejected
+        assert reason in rejected.reason
+
+
+def test_an_unchecked_pair_says_so() -> None:
+    labels = _labels(lb_server_current_sessions=(), lb_server_limit_sessions=())
+    [resource] = _recognise(labels).resources
+    assert resource.how == (
+        "inferred (gauge lb_server_current_sessions with its limit lb_server_limit_sessions: both count "
+        "sessions, 'limit' in the limit's name, no labels of its own, the day's peak not checked)"
+    )
+
+
+def test_a_catalogued_entry_missing_its_limit_is_rejected_with_the_name_missing() -> None:
+    # mysqld_exporter run with --no-collect.global_variables: no max_connections.
+    labels = _labels(
+        mysql_global_status_threads_connected=(),
+        mysql_global_status_connection_errors_total=("error",),
+    )
+    found = _recognise(labels)
+    assert [r.entry for r in found.rejected] == ["mysqld-exporter"]
+    assert found.rejected[0].reason == (
+        "mysql_global_variables_max_connections absent, so the entry cannot compare use and limit"
+    )
