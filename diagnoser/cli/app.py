@@ -321,6 +321,9 @@ def check_promql_settings(settings: Settings) -> None:
     """
     problems: list[str] = []
     for name, renamed in settings.metrics.items():
+        if not _plausible_metric_name(renamed):
+            problems.append(f"metrics.{name}: {renamed!r} is not a metric name (a name, not a selector)")
+            continue
         try:
             promql.parse(promql.rename_metrics(f"rate({name}[5m])", {name: renamed}))
         except ExpressionError:
@@ -333,6 +336,16 @@ def check_promql_settings(settings: Settings) -> None:
             problems.append(f"signals.{name}: {expression!r} is not PromQL ({reason})")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+#: Characters no exporter puts in a metric name: Prometheus 3 accepts any UTF-8 in a quoted name, so
+#: only these (a selector's braces and quotes, white space) tell a rename that is a typo or a
+#: selector (``'redis clients{'``, ``'up{job="x"}'``) from a dotted OpenTelemetry name.
+_NOT_IN_NAMES = frozenset('{}"\'\n\t\r ')
+
+
+def _plausible_metric_name(name: str) -> bool:
+    return bool(name) and not (_NOT_IN_NAMES & set(name))
 
 
 def check_listen(flag: str, host: str, port: int) -> None:
