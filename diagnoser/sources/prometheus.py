@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 
@@ -64,6 +65,15 @@ _NAMES_LOOKBACK_S = 300.0
 
 #: How much longer the socket waits than the ``timeout=`` Prometheus is given.
 _SERVER_TIMEOUT_SLACK_S = 0.5
+
+#: Longest query string sent in a GET's URL. Longer ones (recognition over thousands of families,
+#: a selector listing many series) go as a form-encoded POST, which ``/api/v1/query`` and
+#: ``/api/v1/labels`` accept on Prometheus and on the compatible servers (Thanos, Mimir,
+#: VictoriaMetrics): httpx refuses URLs over 65,536 characters, and proxies in front of Prometheus
+#: commonly refuse request lines over 8 KiB (nginx's ``large_client_header_buffers``), so 4 KiB.
+_GET_QUERY_LIMIT = 4096
+#: The endpoints that take their parameters as a POST body too.
+_POSTABLE = frozenset({"/api/v1/query", "/api/v1/query_range", "/api/v1/labels", "/api/v1/series"})
 
 T = TypeVar("T")
 _CLOSING: set[asyncio.Task[None]] = set()
@@ -350,7 +360,7 @@ class PrometheusSource:
                 # The socket waits a little longer than Prometheus' own timeout, so a slow query
                 # comes back as Prometheus' 503 (that query's problem) and a socket timeout means
                 # the server itself is stuck: an endpoint failure, not asked again this run.
-                response = await client.get(path, params=params, timeout=timeout + _SERVER_TIMEOUT_SLACK_S)
+                response = await _send(client, path, params, timeout + _SERVER_TIMEOUT_SLACK_S)
             return parse(_api_data(response, self.url, query))
         except _EndpointFailure as exc:
             return self._remember(str(exc))
@@ -363,7 +373,7 @@ class PrometheusSource:
             )
         except httpx.ConnectError as exc:
             return self._remember(f"cannot connect to {self.url}: {_root_cause(exc)}")
-        except (httpx.HTTPError, ssl.SSLError, OSError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ssl.SSLError, OSError) as exc:
             return self._error(f"request to {self.url} failed: {_root_cause(exc)}")
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             return self._error(f"unexpected result shape from {self.url}: {exc}")
@@ -389,6 +399,15 @@ class PrometheusSource:
 
     def _error(self, message: str) -> SourceError:
         return SourceError(source=SOURCE, message=scrub_text(message))
+
+
+async def _send(
+    client: httpx.AsyncClient, path: str, params: dict[str, str], wait_s: float
+) -> httpx.Response:
+    """A GET, or a form POST when the parameters would make the URL too long for the path."""
+    if path in _POSTABLE and len(urlencode(params)) > _GET_QUERY_LIMIT:
+        return await client.post(path, data=params, timeout=wait_s)
+    return await client.get(path, params=params, timeout=wait_s)
 
 
 def _api_data(response: httpx.Response, url: str, query: str | None) -> Any:

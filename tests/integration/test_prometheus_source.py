@@ -91,3 +91,20 @@ def test_metric_names_at_an_instant(incident_prometheus: IncidentPrometheus) -> 
     assert "http_server_request_duration_seconds_bucket" in names
     assert shared is names  # one call per instant, shared
     assert before == set()
+
+
+def test_a_query_longer_than_a_url_can_carry_is_sent_as_a_post(incident_prometheus: IncidentPrometheus) -> None:
+    # Recognition over thousands of families writes selectors this long: as a GET's URL it is past
+    # httpx's 65,536-character limit (and any proxy's), and every rule reading it used to fail.
+    jobs = "|".join(f"no-such-job-{i:05d}" for i in range(5000))
+    promql = f'count(up{{job=~"{jobs}"}}) or vector(7)'
+    assert len(promql) > 80_000
+    answer = query(incident_prometheus, promql)
+    assert answer == [Sample(labels={}, value=7.0)]
+    source = PrometheusSource(PrometheusSettings(url=incident_prometheus.url))
+    at = datetime.fromtimestamp(incident_prometheus.start_s + 35 * 60, UTC)
+    try:
+        names = asyncio.run(source.label_names(f'{{__name__="up", job=~"{jobs}|incident"}}', at))
+    finally:
+        source.close()
+    assert not isinstance(names, SourceError), names
