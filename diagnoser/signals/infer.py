@@ -224,18 +224,16 @@ def candidate_series(
     what it limits or its queue. On a Prometheus without such families, none (and no query)."""
     families = _unclaimed(names, catalogue, metadata)
     wanted = [labels_key(f) for f in families.values() if is_duration(f)]
-    limits = [f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None]
+    limits = {f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None}
     exporters = {tokens(name)[0] for name in limits}
     wanted += limits
-    wanted += [
-        f.name
-        for f in families.values()
-        if f.type == "gauge"
-        and f.name not in limits
-        and tokens(f.name)[:1]
-        and tokens(f.name)[0] in exporters
-        and set(tokens(f.name)) & (_USAGE_WORDS | _QUEUE_WORDS)
-    ]
+    related = _USAGE_WORDS | _QUEUE_WORDS
+    for family in families.values():
+        if family.type != "gauge" or family.name in limits:
+            continue
+        parts = tokens(family.name)
+        if parts and parts[0] in exporters and set(parts) & related:
+            wanted.append(family.name)
     return sorted(wanted)
 
 
@@ -429,11 +427,12 @@ def _pairings(
     missed: list[Lookalike] = []
     refused: list[Rejection] = []
     limit_names = {name for _, name, _ in limits.values()}
+    gauges = _gauges_by_prefix(families, limit_names)
     for (prefix, noun), (_, limit, word) in sorted(limits.items()):
-        used = _sibling(families, prefix, noun, limit_names)
+        used = _sibling(gauges, prefix, noun)
         counted = _counted(prefix, noun)
         if not counted & _COUNT_NOUNS or counted & _NOT_A_COUNT:
-            near = used or _sibling(families, prefix, noun, limit_names, _NOT_A_COUNT)
+            near = used or _sibling(gauges, prefix, noun, _NOT_A_COUNT)
             if near is not None:
                 thing = " ".join(sorted(counted))
                 refused.append(
@@ -461,22 +460,34 @@ def _pairings(
     return pairs, missed, refused
 
 
+_GaugesByPrefix = dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]]
+
+
+def _gauges_by_prefix(families: Mapping[str, Family], limits: set[str]) -> _GaugesByPrefix:
+    """Every gauge that is not a limit, with its name's tokens, under each leading run of them
+    (``a_b_c`` under ``()``, ``(a,)``, ``(a, b)`` and ``(a, b, c)``): built once, so pairing an
+    estate's limits with their gauges costs one lookup per limit, not one pass over every family
+    (20,000 families made that quadratic scan most of a diagnosis)."""
+    index: _GaugesByPrefix = {}
+    for family in families.values():
+        if family.type != "gauge" or family.name in limits:
+            continue
+        parts = tokens(family.name)
+        for end in range(len(parts) + 1):
+            index.setdefault(parts[:end], []).append((family.name, parts))
+    return index
+
+
 def _sibling(
-    families: Mapping[str, Family],
+    gauges: _GaugesByPrefix,
     prefix: tuple[str, ...],
     noun: tuple[str, ...],
-    limits: set[str],
     words: frozenset[str] = _USAGE_WORDS,
 ) -> str | None:
     """The gauge of ``prefix`` and ``noun`` that counts what the limit caps (``words`` between
     them: ``current``, ``active``...), the one with the fewest such words."""
     best: tuple[int, str] | None = None
-    for family in families.values():
-        if family.type != "gauge" or family.name in limits:
-            continue
-        parts = tokens(family.name)
-        if tuple(parts[: len(prefix)]) != prefix:
-            continue
+    for name, parts in gauges.get(prefix, ()):
         rest = parts[len(prefix) :]
         middle = rest[: len(rest) - len(noun)] if noun else rest
         if noun and _noun(rest[len(middle) :]) != noun:
@@ -484,7 +495,7 @@ def _sibling(
         if (middle and not set(middle) <= words) or (not noun and not middle):
             continue
         if best is None or len(middle) < best[0]:
-            best = (len(middle), family.name)
+            best = (len(middle), name)
     return best[1] if best else None
 
 
@@ -594,7 +605,7 @@ def _work_after(name: str, prefix: tuple[str, ...], words: frozenset[str]) -> bo
     """``name`` is ``prefix`` then a word of ``words`` with only work nouns after it (HAProxy's
     ``current_queue``, redis's ``rejected_connections``; not ``lazyfree_pending_objects``)."""
     parts = tokens(name)
-    if tuple(parts[: len(prefix)]) != prefix:
+    if parts[: len(prefix)] != prefix:
         return False
     rest = parts[len(prefix) :]
     hits = [index for index, part in enumerate(rest) if part in words]
@@ -610,7 +621,7 @@ def _queue_of(name: str, labels: frozenset[str] | None, prefix: tuple[str, ...],
     if _work_after(name, prefix, _QUEUE_WORDS):
         return True
     parts = tokens(name)
-    if not own or labels is None or parts[:1] != list(prefix[:1]):
+    if not own or labels is None or parts[:1] != prefix[:1]:
         return False
     theirs = labels - {"__name__", "job", "instance", "namespace"}
     return bool(theirs) and theirs < own and _work_after(name, tuple(parts[:2]), _QUEUE_WORDS)

@@ -115,7 +115,8 @@ async def recognition(
         described = {} if isinstance(metadata, SourceError) else metadata
         wanted = candidate_series(names, described, catalogue)
         families = families_of(names, described)
-        durations = {n: f for n, f in families.items() if f"{n}_count" in wanted}
+        asked = set(wanted)
+        durations = {n: f for n, f in families.items() if f"{n}_count" in asked}
         labels, native, bounds = await asyncio.gather(
             _label_sets(source, wanted, at),
             _native_label_sets(source, native_candidates(names, described), at),
