@@ -46,6 +46,7 @@ from diagnoser.signals import (
 )
 from diagnoser.signals.holdings import Holdings, holdings
 from diagnoser.signals.recognition import recognition
+from diagnoser.signals.target_info import identities
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
 __all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
@@ -145,6 +146,13 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
         _ask_inferred(source, params, catalogue, present, ctx, lookback),
     )
     planned = [*catalogued, *inferred]
+    pushed = any(
+        expansion.convention.otel and "/" in sample.labels.get("job", "")
+        for _, expansion, samples in planned
+        if not isinstance(samples, SourceError)
+        for sample in samples
+    )
+    who = await identities(source, ctx.at) if pushed else {}
     rows: dict[tuple[tuple[str, str], ...], Evidence] = {}
     for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
@@ -152,7 +160,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
         for sample in samples:
             if not _holds(sample.value, params):
                 continue
-            labels = normalise_labels(sample.labels, expansion.convention)
+            labels = normalise_labels(sample.labels, expansion.convention, who)
             key = tuple(sorted((k, v) for k, v in labels.items() if k != "job"))
             rows.setdefault(
                 key,

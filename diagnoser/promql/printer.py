@@ -36,7 +36,9 @@ __all__ = [
     "format_number",
     "is_legacy_label",
     "is_legacy_metric",
+    "is_vector",
     "label_name",
+    "may_carry_type",
     "quote",
     "render",
     "selector_text",
@@ -111,7 +113,13 @@ def _render(node: pp.Expr, hooks: Hooks) -> str:
     if isinstance(node, pp.AggregateExpr):
         return _aggregate(node, hooks)
     if isinstance(node, pp.BinaryExpr):
-        operator = f"{node.op}{_matching(node.modifier, hooks)}"
+        both_vectors = (
+            bool(hooks.ignored)
+            and is_vector(node.lhs)
+            and is_vector(node.rhs)
+            and (may_carry_type(node.lhs) or may_carry_type(node.rhs))
+        )
+        operator = f"{node.op}{_matching(node.modifier, hooks, both_vectors)}"
         return f"{render(node.lhs, hooks)} {operator} {render(node.rhs, hooks)}"
     if isinstance(node, pp.UnaryExpr):
         return f"-{render(node.expr, hooks)}"
@@ -188,9 +196,50 @@ def _aggregate(node: pp.AggregateExpr, hooks: Hooks) -> str:
     return f"{node.op} {clause} ({_labels(labels, hooks)}) ({arguments})"
 
 
-def _matching(modifier: pp.BinModifier | None, hooks: Hooks) -> str:
-    if modifier is None:
-        return ""
+#: Functions whose value is a scalar, not a vector.
+_SCALAR_FUNCTIONS = frozenset({"scalar", "time", "pi"})
+
+
+def is_vector(node: pp.Expr) -> bool:
+    """Whether ``node``'s value is an instant vector (vector matching applies between two)."""
+    if isinstance(node, pp.ParenExpr | pp.UnaryExpr):
+        return is_vector(node.expr)
+    if isinstance(node, pp.BinaryExpr):
+        return is_vector(node.lhs) or is_vector(node.rhs)
+    if isinstance(node, pp.Call):
+        return node.func.name not in _SCALAR_FUNCTIONS
+    return isinstance(node, pp.VectorSelector | pp.AggregateExpr)
+
+
+#: Aggregations whose answers are whole input series (all their labels).
+_SELECTING_AGGREGATIONS = frozenset({"topk", "bottomk", "limitk", "limit_ratio"})
+
+
+def may_carry_type(node: pp.Expr) -> bool:
+    """Whether ``node``'s answers can carry a series' ``__type__``/``__unit__``: not an
+    aggregation ``by`` other labels (nor one of all), whose answers have only those."""
+    if isinstance(node, pp.ParenExpr | pp.UnaryExpr):
+        return may_carry_type(node.expr)
+    if isinstance(node, pp.BinaryExpr):
+        return may_carry_type(node.lhs) or may_carry_type(node.rhs)
+    if isinstance(node, pp.AggregateExpr) and str(node.op) not in _SELECTING_AGGREGATIONS:
+        modifier = node.modifier
+        if modifier is None:
+            return False
+        if modifier.type == pp.AggModifierType.By:
+            return any(label in ("__type__", "__unit__") for label in modifier.labels)
+    return True
+
+
+def _matching(modifier: pp.BinModifier | None, hooks: Hooks, both_vectors: bool = False) -> str:
+    # Between two vectors with no clause, every label is matched: the ignored ones are added as
+    # an ``ignoring`` clause (a gauge divided by a counter must not fail on their __type__).
+    if modifier is None or modifier.matching is None:
+        bare = " bool" if modifier is not None and modifier.return_bool else ""
+        if both_vectors and hooks.ignored and (modifier is None or modifier.group_labels is None):
+            return f"{bare} ignoring ({_labels(list(hooks.ignored), hooks)})"
+        if modifier is None:
+            return ""
     text = " bool" if modifier.return_bool else ""
     if modifier.matching is not None:
         clause = "on" if modifier.matching.type == pp.LabelModifierType.Include else "ignoring"

@@ -192,12 +192,16 @@ def _expand(template: str, convention: Convention) -> Expansion:
     return Expansion(convention=convention, query=query, notes=tuple(notes))
 
 
-def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[str, str]:
+def normalise_labels(
+    labels: Mapping[str, str], convention: Convention, identities: Mapping[str, tuple[str, str | None]] = {}
+) -> dict[str, str]:
     """An answer's labels under their normalised names (``job`` is kept beside ``service``).
 
     A ``job`` of ``namespace/name`` is how Prometheus' OTLP receiver writes an OpenTelemetry
     resource's ``service.namespace`` and ``service.name``: the service is the name, and the
-    namespace the namespace where the series carry none of their own.
+    namespace the namespace where the series carry none of their own. ``identities`` (``job`` ->
+    service and namespace, read from ``target_info``: :mod:`diagnoser.signals.target_info`) says
+    so where a slash in either makes the ``job`` ambiguous.
     """
     out: dict[str, str] = {}
     for key, value in labels.items():
@@ -208,8 +212,14 @@ def normalise_labels(labels: Mapping[str, str], convention: Convention) -> dict[
                 continue
         out.setdefault(key, value)
     job = labels.get("job", "")
-    if out.get("service") == job and job.count("/") == 1 and convention.otel:
-        namespace, _, name = job.partition("/")
+    if out.get("service") == job and "/" in job and convention.otel:
+        known = identities.get(job)
+        if known is not None:
+            name, namespace = known
+        elif job.count("/") == 1:
+            namespace, _, name = job.partition("/")
+        else:
+            return out
         out["service"] = name
         if namespace:
             out.setdefault("namespace", namespace)

@@ -43,6 +43,7 @@ from diagnoser.promql import (
     Kind,
     histogram_bases,
     kind_from_names,
+    numbers_as_numbers,
     reach_seconds,
     read_histograms,
     rename_metrics,
@@ -276,7 +277,7 @@ class PrometheusSource:
             return SourceError(source=SOURCE, message=f"cannot rename metrics per config: {exc}")
         # A query the parser cannot read goes as written: Prometheus says what is wrong with it.
         with contextlib.suppress(PromqlSyntaxError):
-            prepared = without_type_and_unit(await self._as_held(prepared, at))
+            prepared = numbers_as_numbers(without_type_and_unit(await self._as_held(prepared, at)))
         self._remember_sent(query, at, prepared)
         params = {"query": prepared, "time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
 

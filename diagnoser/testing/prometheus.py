@@ -112,6 +112,8 @@ class LocalPrometheus:
     native_histograms: bool = True
     #: Keep scraping the classic series of histograms that also have native buckets.
     scrape_classic_histograms: bool = False
+    #: More ``--enable-feature`` names on 3.x (``type-and-unit-labels``).
+    features: tuple[str, ...] = ()
     #: Series written through remote write once the server is up (3.x): what OpenMetrics cannot
     #: carry, native histograms (with the float series of the same span: a backfilled block's
     #: range is closed to later writes).
@@ -203,8 +205,9 @@ class LocalPrometheus:
             return []
         # Remote write carries what OpenMetrics text cannot (native histograms: testing.remote_write).
         flags = ["--web.enable-remote-write-receiver"]
-        if self.native_histograms:
-            flags.append("--enable-feature=native-histograms")
+        features = (*(("native-histograms",) if self.native_histograms else ()), *self.features)
+        if features:
+            flags.append(f"--enable-feature={','.join(features)}")
         return flags
 
     def _backfill(self, data: Path) -> None:

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from diagnoser.promql import kind_from_names, normalise, parse, read_histograms, selector_text
-from diagnoser.signals import load_catalogue
+from diagnoser.promql import (
+    kind_from_names,
+    normalise,
+    number_spellings,
+    numbers_as_numbers,
+    parse,
+    read_histograms,
+    selector_text,
+    without_type_and_unit,
+)
+from diagnoser.signals import load_catalogue, normalise_labels
 from diagnoser.signals.holdings import Holdings, resolve
 from diagnoser.signals.otlp import escape_label, escape_metric, spellings
+from diagnoser.signals.target_info import identities_from
 from diagnoser.sources.prometheus import _samples_from
 
 
@@ -137,3 +147,75 @@ def test_native_families_are_recognised_by_their_samples() -> None:
     assert convention.forms["http.server.duration"].metric == name
     # Without the samples' word, the same name is a gauge and nothing is inferred.
     assert recognise({name}, {}, {}, load_catalogue()).conventions == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "spellings"),
+    [
+        ("1", ("1", "1.0")),
+        ("1.0", ("1.0", "1")),
+        ("0.25", ("0.25",)),
+        ("1e+06", ("1e+06", "1000000", "1000000.0")),
+        ("1000000", ("1000000", "1e+06", "1000000.0")),
+        ("1e-05", ("1e-05", "0.00001")),
+        ("+Inf", ("+Inf",)),
+        ("Inf", ("Inf", "+Inf")),
+        ("NaN", ("NaN",)),
+        ("p99", ("p99",)),
+    ],
+)
+def test_a_number_has_every_spelling_servers_write(value: str, spellings: tuple[str, ...]) -> None:
+    assert number_spellings(value) == spellings
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ('rate(x_bucket{le="1", job="a"}[5m])', 'rate(x_bucket{le=~"1|1\\\\.0", job="a"}[5m])'),
+        ('x{quantile!="1.0"}', 'x{quantile!~"1\\\\.0|1"}'),
+        ('{"a.b_bucket", le="10"}', '{"a.b_bucket", le=~"10|10\\\\.0"}'),
+        # One spelling only, another label, or a regex already: as written.
+        ('x_bucket{le="0.25"}', 'x_bucket{le="0.25"}'),
+        ('x{leader="1"}', 'x{leader="1"}'),
+        ('x_bucket{le=~"1|2"}', 'x_bucket{le=~"1|2"}'),
+    ],
+)
+def test_bounds_and_quantiles_match_as_numbers(query: str, expected: str) -> None:
+    assert numbers_as_numbers(query) == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("a / b", "a / ignoring (__type__, __unit__) b"),
+        ("a > bool b", "a > bool ignoring (__type__, __unit__) b"),
+        ("rate(a[5m]) and b", "rate(a[5m]) and ignoring (__type__, __unit__) b"),
+        ("sum without (i) (a)", "sum without (i, __type__, __unit__) (a)"),
+        ("a * ignoring (y) group_left () b", "a * ignoring (y, __type__, __unit__) group_left () b"),
+        # Already matched on named labels, a scalar side, or aggregations that keep no type: as written.
+        ("a / on (job) b", "a / on (job) b"),
+        ("a / 2", "a / 2"),
+        ("scalar(a) * b", "scalar(a) * b"),
+        ("sum by (job) (a) / sum by (job) (b)", "sum by (job) (a) / sum by (job) (b)"),
+    ],
+)
+def test_type_and_unit_never_split_a_join(query: str, expected: str) -> None:
+    assert without_type_and_unit(query) == expected
+
+
+def test_target_info_says_who_a_pushed_service_is() -> None:
+    rows = [
+        {"job": "team/a/checkout", "instance": "1", "service.name": "checkout", "service.namespace": "team/a"},
+        {"job": "team/a/checkout", "instance": "2", "service.name": "checkout", "service.namespace": "team/a"},
+        {"job": "shop/cart", "service_name": "cart"},
+        {"job": "x/y", "service_name": "y"},
+        {"job": "x/y", "service_name": "z"},  # rows that disagree say nothing
+        {"job": "a/b"},
+    ]
+    assert identities_from(rows) == {"team/a/checkout": ("checkout", "team/a"), "shop/cart": ("cart", None)}
+    convention = next(c for c in load_catalogue().conventions if c.otel)
+    labels = {"job": "team/a/checkout"}
+    split = normalise_labels(labels, convention)
+    assert split.get("service") != "checkout"
+    known = normalise_labels(labels, convention, identities_from(rows))
+    assert (known["service"], known["namespace"]) == ("checkout", "team/a")
