@@ -35,7 +35,7 @@ from diagnoser.daemon.schedule import JobSchedule
 from diagnoser.daemon.state import StateStore
 from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis, Finding, Severity
-from diagnoser.notify.delivery import OutboxDelivery
+from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.outbox import OutboxEntry
 
 if TYPE_CHECKING:
@@ -194,7 +194,9 @@ class OutboxJob:
 
     JOB_ID = "outbox"
 
-    def __init__(self, host: JobHost, delivery: OutboxDelivery | None, schedule: JobSchedule) -> None:
+    def __init__(
+        self, host: JobHost, delivery: OutboxDelivery | FanOut | None, schedule: JobSchedule
+    ) -> None:
         self.host = host
         self.delivery = delivery
         self.schedule = schedule
