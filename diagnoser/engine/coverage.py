@@ -26,6 +26,7 @@ from datetime import datetime
 
 from diagnoser.checks.probe import ProbeParams
 from diagnoser.config import Settings
+from diagnoser.config.parts import FindingStyle
 from diagnoser.engine import RuleOutcome
 from diagnoser.engine.evaluate import catalogue_of
 from diagnoser.errors import ExpressionError
@@ -41,7 +42,7 @@ from diagnoser.models import (
 )
 from diagnoser.promql import metric_names
 from diagnoser.ruleset import Rule, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable
+from diagnoser.ruleset.templating import MissingVariable, RuleVariables
 from diagnoser.sources.prometheus import rewrite_metric_names
 
 __all__ = [
@@ -78,7 +79,7 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
     A condition whose ``${signals.X}`` is not configured contributes nothing (the rule is
     skipped for that reason, not for missing data).
     """
-    variables = rule.variables(settings)
+    variables = rule.variables(RuleVariables.from_settings(settings))
     catalogue = catalogue_of(settings)
     names: set[str] = set()
     for condition in (*rule.when, *rule.evidence):
@@ -108,7 +109,7 @@ def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str
     """
     if finished is None:
         return None
-    variables = rule.variables(settings)
+    variables = rule.variables(RuleVariables.from_settings(settings))
     catalogue = catalogue_of(settings)
     for condition in rule.when:
         try:
@@ -317,7 +318,7 @@ def _metric_groups(names: Sequence[str], limit: int = 5) -> list[str]:
     return groups
 
 
-def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Finding | None:
+def no_data_finding(coverage: Coverage, at: datetime, style: FindingStyle) -> Finding | None:
     """A ``no_data`` finding when rules went without data and none had any; otherwise ``None``."""
     counts = coverage.counts
     if not counts.get("no_data") or counts.get("evaluated") or counts.get("silenced"):
@@ -326,7 +327,7 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
     when = at.strftime("%Y-%m-%dT%H:%M:%SZ")
     reasons = sorted({r.reason for r in coverage.rules if r.status == "no_data" and r.reason})
     if missing:
-        where = settings.prometheus.url or "Prometheus"
+        where = style.prometheus_url or "Prometheus"
         source = "prometheus"
         summary = (
             f"none of the {len(missing)} metrics the rules look for exist in {where} at {when} "
@@ -358,6 +359,6 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
         summary=summary,
         evidence=evidence,
         recommendation="The silence is not good news: nothing was measured. " + advice,
-        runbook_url=f"{settings.runbook_base_url}sources/no-data.md",
-        labels={**settings.context_labels, "source": source},
+        runbook_url=style.runbook_url("sources/no-data"),
+        labels=style.labels({"source": source}),
     )

@@ -23,7 +23,12 @@ from diagnoser.errors import PromqlSyntaxError
 from diagnoser.models import SourceError
 from diagnoser.promql import format_duration, grouping_labels, metric_names, short_subqueries
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable, optional_clauses, resolve_placeholders
+from diagnoser.ruleset.templating import (
+    MissingVariable,
+    RuleVariables,
+    optional_clauses,
+    resolve_placeholders,
+)
 from diagnoser.signals import load_catalogue
 from diagnoser.signals.expand import grouping_labels_of
 from diagnoser.sources.prometheus import PrometheusSource
@@ -170,4 +175,4 @@ def rule_queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
 def _variables(rule: Rule, settings: Settings) -> dict[str, object]:
     # An unset signal still gets a syntactically valid metric name, so its query is checked too.
     unset = {"queue_length": "diagnoser_lint_unset_signal"}
-    return rule.variables(settings, signals={**unset, **settings.signals})
+    return rule.variables(RuleVariables.from_settings(settings), signals={**unset, **settings.signals})
