@@ -50,7 +50,7 @@ from diagnoser.config.receivers import Match, Route
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
-from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.models import Diagnosis, Finding, Severity, service_of
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import (
     AlertReportPayload,
@@ -497,7 +497,7 @@ class StateStore:
                 " ORDER BY id DESC"
             ):
                 labels = json.loads(view).get("lead", {}).get("labels", {})
-                if service in (labels.get("service"), labels.get("job")):
+                if service in (service_of(labels), labels.get("job")):
                     return int(incident_id)
         return None
 
