@@ -24,14 +24,16 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from diagnoser.errors import SendError
 
 if TYPE_CHECKING:
     from diagnoser.notify.outbox import OutboxEntry
 
-__all__ = ["Capabilities", "Delivery", "Receiver", "SendError", "Sender", "TokenBucket"]
+__all__ = [
+    "Capabilities", "Delivery", "HttpAnswer", "Receiver", "SendError", "Sender", "TokenBucket", "post_json",
+]  # fmt: skip
 
 #: A receiver's own message type (Slack's blocks, a webhook's JSON, a PagerDuty event).
 M = TypeVar("M")
@@ -134,3 +136,33 @@ class TokenBucket:
                 await self._sleep((1 - self._tokens) / self.rate)
                 self._refill()
             self._tokens -= 1
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What a JSON-over-HTTP receiver answered: its status, the start of its body, ``Retry-After``."""
+
+    status: int
+    text: str
+    retry_after: str | None
+
+
+async def post_json(
+    url: str, body: Any, *, timeout_s: float, error: type[SendError], what: str, keep: int = 500
+) -> HttpAnswer:
+    """POST ``body`` as JSON; a connection that fails is ``error`` (``in_doubt`` once the request
+    may have been sent), any answer is returned for the receiver to judge."""
+    import aiohttp  # the HTTP client loads only where a receiver sends
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, json=body) as response,
+        ):
+            text = (await response.text())[:keep]
+            return HttpAnswer(response.status, text, response.headers.get("Retry-After"))
+    except aiohttp.ClientConnectorError as exc:
+        raise error(f"{what} unreachable: {type(exc).__name__}") from exc
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise error(f"{what} unreachable: {type(exc).__name__}: {exc}", in_doubt=True) from exc

@@ -27,7 +27,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import aiohttp
 from pydantic import Field, SecretStr, field_validator
 
 from diagnoser.config.sections import http_url
@@ -36,7 +35,7 @@ from diagnoser.models import Severity
 from diagnoser.notify.outbox import NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import IncidentPayload
 from diagnoser.notify.receivers import ReceiverConfig, receiver_type
-from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
+from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket, post_json
 from diagnoser.redact import redact_url, scrub
 
 __all__ = ["PagerDutyConfig", "PagerDutyEvent", "PagerDutyReceiver", "dedup_key", "render_event"]
@@ -199,20 +198,9 @@ class PagerDutyReceiver:
 
     async def _send(self, body: dict[str, Any]) -> Delivery:
         await self._bucket.take()
-        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.post(self.config.events_url, json=body) as response,
-            ):
-                text = (await response.text())[:500]
-                status = response.status
-        except aiohttp.ClientConnectorError as exc:
-            raise PagerDutySendError(f"PagerDuty unreachable: {type(exc).__name__}") from exc
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise PagerDutySendError(
-                f"PagerDuty unreachable: {type(exc).__name__}: {exc}", in_doubt=True
-            ) from exc
+        reply = await post_json(self.config.events_url, body, timeout_s=self.config.timeout_s,
+                                error=PagerDutySendError, what="PagerDuty")  # fmt: skip
+        status, text = reply.status, reply.text
         answer = _json(text)
         if 200 <= status < 300:
             return Delivery(None, str(answer.get("dedup_key") or body["dedup_key"]))

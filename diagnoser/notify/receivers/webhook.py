@@ -22,14 +22,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 from pydantic import SecretStr, field_validator
 
 from diagnoser.config.sections import http_url
 from diagnoser.errors import WebhookSendError
 from diagnoser.notify.outbox import OutboxEntry, render_entry, render_reply
 from diagnoser.notify.receivers import ReceiverConfig, receiver_type
-from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
+from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket, post_json
 from diagnoser.redact import redact_url, scrub
 
 __all__ = ["JsonWebhookSender", "WebhookConfig", "WebhookMessage", "WebhookReceiver", "render_webhook"]
@@ -98,21 +97,9 @@ class JsonWebhookSender:
 
     async def _send(self, body: dict[str, Any]) -> Delivery:
         await self._bucket.take()
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.post(self.url, json=scrub(body)) as response,
-            ):
-                text = (await response.text())[:200]
-                status = response.status
-                retry_after = response.headers.get("Retry-After")
-        except aiohttp.ClientConnectorError as exc:
-            raise WebhookSendError(f"webhook unreachable: {type(exc).__name__}") from exc
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise WebhookSendError(
-                f"webhook unreachable: {type(exc).__name__}: {exc}", in_doubt=True
-            ) from exc
+        answer = await post_json(self.url, scrub(body), timeout_s=self.timeout_s, error=WebhookSendError,
+                                 what="webhook", keep=200)  # fmt: skip
+        status, text, retry_after = answer.status, answer.text, answer.retry_after
         if 200 <= status < 300:
             # Receivers rarely name what they stored: an id of our own stands for it.
             return Delivery(None, f"webhook-{secrets.token_hex(6)}")
