@@ -34,7 +34,7 @@ from diagnoser.engine.rank import (
     without_yielding,
 )
 from diagnoser.errors import NoDataFound, SourceNotConfigured
-from diagnoser.models import Diagnosis, Evidence, Finding, SourceError
+from diagnoser.models import Diagnosis, Evidence, Finding, SourceError, service_of
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables, format_text
@@ -254,7 +254,7 @@ def subject_of(labels: Mapping[str, str]) -> str:
     Series scraped outside Kubernetes have no namespace, some have no service or job: the
     summary still reads naturally instead of printing a placeholder.
     """
-    service = labels.get("service") or labels.get("job")
+    service = service_of(labels)
     namespace = labels.get("namespace")
     if service:
         return f"{namespace}/{service}" if namespace else service
