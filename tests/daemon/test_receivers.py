@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from diagnoser.config import NotifySettings, SlackSettings, load_settings
+from diagnoser.daemon import Daemon
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.state import StateStore
@@ -28,6 +29,7 @@ from diagnoser.notify.receivers import (
     receiver_types,
     routes,
 )
+from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.daemon.test_incident_state import cause, symptom
 from tests.fixtures.pagerduty_server import ROUTING_KEY, PagerDutyFixtureServer
 from tests.fixtures.slack_server import SlackFixtureServer
@@ -163,3 +165,35 @@ def test_rows_an_older_version_queued_go_to_the_first_receiver(tmp_path: Path) -
         assert store.pending(receiver="second") == []
     finally:
         store.close()
+
+
+async def test_the_daemon_fans_out_to_every_configured_receiver(
+    tmp_path: Path, live_prometheus: LivePrometheus, pool_app: PoolApp, slack: SlackFixtureServer,
+    pagerduty: PagerDutyFixtureServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = daemon_settings(tmp_path, live_prometheus.url, "fanout")
+    settings = base.model_copy(update={"notify": NotifySettings.model_validate({
+        "delivery": {"retry_base_s": 0.2, "retry_max_s": 1.0, "in_doubt_settle_s": 1.5},
+        "receivers": [
+            {"name": "oncall", "type": "slack", "token": slack.token, "channel": "#oncall",
+             "base_url": slack.api_url, "timeout_s": 1, "messages_per_s": 10, "message_burst": 5},
+            {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pagerduty.events_url,
+             "timeout_s": 1, "match": {"severity": "critical"}},
+        ],
+    })})  # fmt: skip
+    pool_app.set("fanout", "orders", 0.97)
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        await wait_for(lambda: len(slack.messages) >= 1 and len(pagerduty.events) >= 1, what="both receivers")
+        assert pagerduty.events[0]["event_action"] == "trigger"
+        assert pagerduty.events[0]["payload"]["class"] == "connection_pool_exhaustion"
+        pool_app.set("fanout", "orders", 0.2)
+        await wait_for(lambda: [e["event_action"] for e in pagerduty.events] == ["trigger", "resolve"],
+                       what="the resolve")  # fmt: skip
+        await wait_for(lambda: any(m.thread_ts == slack.messages[0].ts for m in slack.messages[1:]),
+                       what="Slack's resolution in its thread")  # fmt: skip
+    finally:
+        await daemon.stop()
+        pool_app.set("fanout", "orders", 0.1)
+    assert not [r for r in caplog.records if "deprecated configuration" in r.getMessage()]
