@@ -103,7 +103,7 @@ class _Rendered:
 
     def __init__(self, sender: Sender[Any], render: Callable[[OutboxEntry], SlackMessage]) -> None:
         self.sender = sender
-        self.name = "sender"
+        self.name = "Slack"
         self.render = render
         self.render_reply = render_reply
 
@@ -288,7 +288,11 @@ class OutboxDelivery:
         channel = self.sender.channel_id
         if channel and self.state.recall(_CHANNEL_KEY) != channel:
             self.state.remember(_CHANNEL_KEY, channel)
-        log.info("notified", extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts})
+        log.info(
+            "notified",
+            extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts,
+                   "receiver": self.sender.name},
+        )
 
     def _dead_letter(self, entry: OutboxEntry, error: str, *, reason: str) -> None:
         self.state.dead_letter(entry.id, error, reason=reason, now=self.clock())
@@ -298,10 +302,12 @@ class OutboxDelivery:
         self.metrics.notifications_failed.labels(entry.kind.value).inc()
         if exc.permanent:
             log.error(
-                "dead-lettered outbox entry %d: Slack refused it for good: %s",
+                "dead-lettered outbox entry %d: %s refused it for good: %s",
                 entry.id,
+                self.sender.name,
                 exc,
-                extra={"kind": entry.kind.value, "reason": exc.error or "refused"},
+                extra={"kind": entry.kind.value, "reason": exc.error or "refused",
+                       "receiver": self.sender.name},
             )
             self._dead_letter(entry, str(exc), reason=exc.error or "refused")
             return True
@@ -310,9 +316,11 @@ class OutboxDelivery:
         delay = exc.retry_after + random.random() if exc.retry_after is not None else self._backoff(attempts)
         self.state.attempt_failed(entry.id, str(exc), retry_at=self.clock() + delay, in_doubt=exc.in_doubt)
         log.warning(
-            "notification queued until Slack answers: %s",
+            "notification queued until %s answers: %s",
+            self.sender.name,
             exc,
             extra={
+                "receiver": self.sender.name,
                 "entry": entry.id,
                 "kind": entry.kind.value,
                 "attempts": attempts,
