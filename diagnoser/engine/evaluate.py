@@ -91,6 +91,9 @@ async def diagnose(
 ) -> Diagnosis:
     """Evaluate ``rules`` against ``sources`` as of ``at`` (default: now) and rank the findings.
 
+    Evaluation and ranking only, for library use: no silences, coverage or no-data finding.
+    Every command goes through :func:`~diagnoser.engine.run.run_diagnosis`, which has them.
+
     ``errors`` are source failures met before evaluation (a source that could not be built, a
     probe that could not run): they are reported with the rules' own, the same way.
     ``record``, when given, receives every rule's :class:`RuleOutcome` (for coverage).
