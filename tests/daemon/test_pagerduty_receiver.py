@@ -28,7 +28,7 @@ from tests.fixtures.pagerduty_server import ROUTING_KEY, PagerDutyFixtureServer
 
 AT = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 POLICY = IncidentPolicy()
-SNAPSHOT = Path(__file__).parent / "snapshots" / "pagerduty_trigger.json"
+SNAPSHOT = Path(__file__).parent / "snapshots" / "pagerduty" / "trigger.json"
 
 
 @pytest.fixture
