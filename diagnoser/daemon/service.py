@@ -92,7 +92,9 @@ class Daemon:
         self.schedule = JobSchedule(
             misfire_grace_s=self.config.misfire_grace_s, jitter_s=self.config.jitter_s
         )
-        self.probes = ProbeJob(settings, self.metrics)
+        self.probes = ProbeJob(
+            self.config.probe_files, settings.probe, self.metrics, interval_s=self.config.probe_interval_s
+        )
         self.diagnoses = DiagnoseJob(self)
         self.alerts = AlertReceiver(self)
         self.http = HttpServer(self, self.config)
