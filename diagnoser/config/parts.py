@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diagnoser.config.sections import DEFAULT_RUNBOOK_BASE_URL
+from diagnoser.models import Finding
 
 if TYPE_CHECKING:
     from diagnoser.config.settings import Settings
@@ -38,6 +39,14 @@ class FindingStyle:
 
     def runbook_url(self, rule_id: str) -> str:
         return f"{self.runbook_base_url}{rule_id}.md"
+
+    def finding(
+        self, *, rule_id: str, runbook: str | None = None, labels: Mapping[str, str], **fields: Any
+    ) -> Finding:
+        """A finding the engine makes (a rule's, a failing source's, no data): linked to the
+        runbook of ``runbook`` (default its rule id) and labelled with the context labels."""
+        url = self.runbook_url(runbook or rule_id)
+        return Finding(rule_id=rule_id, runbook_url=url, labels=self.labels(labels), **fields)
 
     def labels(self, *more: Mapping[str, str]) -> dict[str, str]:
         """The context labels, then ``more`` over them."""

@@ -367,8 +367,9 @@ def no_data_finding(coverage: Coverage, at: datetime, style: FindingStyle) -> Fi
         summary = "; ".join(reasons)
         evidence = [Evidence(source="probe", query="", detail=reason) for reason in reasons]
         advice = "Run the probe longer or at a higher rate (--probe-duration, --probe-rate)."
-    return Finding(
+    return style.finding(
         rule_id="sources/no-data",
+        labels={"source": source},
         cause="no_data",
         kind="cause",
         severity=Severity.warning,
@@ -376,6 +377,4 @@ def no_data_finding(coverage: Coverage, at: datetime, style: FindingStyle) -> Fi
         summary=summary,
         evidence=evidence,
         recommendation="The silence is not good news: nothing was measured. " + advice,
-        runbook_url=style.runbook_url("sources/no-data"),
-        labels=style.labels({"source": source}),
     )

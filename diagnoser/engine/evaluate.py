@@ -317,8 +317,9 @@ def _finding(
     recommendation = format_text(rule.recommendation, values)
     if problems:
         recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(problems) + ")"
-    return Finding(
+    return inputs.style.finding(
         rule_id=rule.id,
+        labels={**rule.labels, **labels},
         cause=rule.cause,
         kind=rule.kind,
         severity=rule.severity,
@@ -326,8 +327,6 @@ def _finding(
         summary=format_text(rule.summary, values),
         evidence=evidence,
         recommendation=recommendation,
-        runbook_url=inputs.style.runbook_url(rule.id),
-        labels=inputs.style.labels(rule.labels, labels),
         explains=list(rule.explains),
     )
 

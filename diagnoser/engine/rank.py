@@ -83,8 +83,10 @@ def unavailable_findings(errors: list[SourceError], style: FindingStyle) -> list
         first = source_errors[0].message
         more = f" (+{len(source_errors) - 1} more errors)" if len(source_errors) > 1 else ""
         findings.append(
-            Finding(
+            style.finding(
                 rule_id=f"sources/{source}-unavailable",
+                runbook="sources/source-unavailable",
+                labels={"source": source},
                 cause="source_unavailable",
                 kind="cause",
                 severity=Severity.warning,
@@ -95,8 +97,6 @@ def unavailable_findings(errors: list[SourceError], style: FindingStyle) -> list
                     f"Rules that need {source} were not evaluated: the diagnosis is incomplete. "
                     f"Check that {source} is reachable from diagnoser and that its credentials are valid."
                 ),
-                runbook_url=style.runbook_url("sources/source-unavailable"),
-                labels=style.labels({"source": source}),
             )
         )
     return findings
