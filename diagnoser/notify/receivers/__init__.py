@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from diagnoser.config import DeliverySettings, Match, NotifySettings, ReceiverSpec, Route, SlackSettings
+from diagnoser.config import DeliverySettings, Match, NotifySettings, Route, SlackSettings
 from diagnoser.errors import ConfigError, SendError
 from diagnoser.notify.sender import Receiver
 
@@ -203,7 +203,3 @@ def routes(configs: Sequence[ReceiverConfig]) -> list[Route]:
     """What the state store routes by: each receiver's name and match."""
     return [Route(name=c.name, match=c.match) for c in configs]
 
-
-def spec_of(config: ReceiverConfig) -> ReceiverSpec:
-    """The shared part of a config (for listings)."""
-    return ReceiverSpec(name=config.name, type=config.type, match=config.match)
