@@ -28,7 +28,7 @@ from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, tre
 from diagnoser.config import load_settings
 from diagnoser.engine import diagnose
 from diagnoser.ruleset import load_rules, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable
+from diagnoser.ruleset.templating import MissingVariable, RuleVariables
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
 from diagnoser.testing.prometheus import LocalPrometheus
@@ -166,7 +166,7 @@ def _families(services: int):  # type: ignore[no-untyped-def]
 def distinct_queries(rules, settings) -> list[str]:  # type: ignore[no-untyped-def]
     queries: dict[str, None] = {}
     for rule in rules:
-        variables = rule.variables(settings)
+        variables = rule.variables(RuleVariables.from_settings(settings))
         for condition in (*rule.when, *rule.evidence):
             try:
                 resolved = resolve_condition(condition.kind, condition.raw_params, variables)

@@ -13,7 +13,10 @@ Everything diagnoser raises on purpose derives from :class:`DiagnoserError`::
     │   └── PromqlSyntaxError  a PromQL query the parser cannot read (``query``, ``reason``)
     ├── ProbeSafetyError       a probe asked for more than its caps or a host outside the allowlist
     ├── ProbeWorkerError       a probe worker (process or pod) died or broke the protocol mid-run
-    ├── SlackSendError         Slack did not take a message; its attributes say whether to retry
+    ├── SendError              a receiver did not take a notification; its attributes say whether to retry
+    │   ├── SlackSendError     Slack's answer (``error`` is Slack's code)
+    │   ├── WebhookSendError   a JSON webhook's answer (``error`` is ``http_<status>``)
+    │   └── PagerDutySendError PagerDuty's Events API answer
     ├── StateError             the daemon's state file cannot be opened or written (``reason`` says why)
     ├── NotationError          a rule test's series notation does not parse (also a ValueError)
     └── LocalPrometheusError   the local Prometheus of ``rules test`` could not be prepared or started
@@ -38,13 +41,16 @@ __all__ = [
     "MissingVariable",
     "NoDataFound",
     "NotationError",
+    "PagerDutySendError",
     "ProbeSafetyError",
     "ProbeWorkerError",
     "PromqlSyntaxError",
     "RuleProblem",
+    "SendError",
     "SlackSendError",
     "SourceNotConfigured",
     "StateError",
+    "WebhookSendError",
 ]
 
 
@@ -130,12 +136,14 @@ class PromqlSyntaxError(ExpressionError):
         self.reason = reason
 
 
-class SlackSendError(DiagnoserError):
-    """Slack did not take the message (or did not say): what to do next is in the attributes.
+class SendError(DiagnoserError):
+    """A receiver did not take the notification (or did not say): what to do next is in the attributes.
 
-    ``error`` is Slack's error code (``channel_not_found``) or ``""``; ``permanent``: resending
-    cannot help; ``layout``: the blocks were refused, the text alone may pass; ``retry_after``:
-    seconds Slack asked to wait; ``in_doubt``: the request may have been processed.
+    The outbox delivery reads only these, never which service answered: ``error`` is the
+    service's own code (``channel_not_found``, ``http_404``) or ``""``; ``permanent``: resending
+    cannot help; ``layout``: the rich layout was refused, the plain text alone may pass;
+    ``retry_after``: seconds the service asked to wait; ``in_doubt``: the request may have been
+    processed.
     """
 
     def __init__(
@@ -154,6 +162,18 @@ class SlackSendError(DiagnoserError):
         self.layout = layout
         self.retry_after = retry_after
         self.in_doubt = in_doubt
+
+
+class SlackSendError(SendError):
+    """Slack did not take the message; ``error`` is Slack's error code (``channel_not_found``)."""
+
+
+class WebhookSendError(SendError):
+    """A JSON webhook did not take the message; ``error`` is ``http_<status>`` or ``""``."""
+
+
+class PagerDutySendError(SendError):
+    """PagerDuty's Events API did not take the event; ``error`` is ``http_<status>`` or ``""``."""
 
 
 class NotationError(DiagnoserError, ValueError):

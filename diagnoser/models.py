@@ -41,6 +41,7 @@ __all__ = [
     "evidence_unit",
     "finding_identity",
     "format_measure",
+    "service_of",
 ]
 
 #: Stable cause vocabulary: JSON output, Slack, tests and users' automation rely on it.
@@ -99,6 +100,11 @@ class Severity(StrEnum):
 
 
 FindingKind = Literal["cause", "symptom"]
+
+
+def service_of(labels: Mapping[str, str]) -> str:
+    """The service a set of labels names: ``service``, else ``job``, else ``""``."""
+    return labels.get("service") or labels.get("job") or ""
 
 
 def finding_identity(rule_id: str, cause: str, labels: Mapping[str, str]) -> str:
@@ -315,6 +321,14 @@ class Finding(BaseModel):
     def identity(self) -> str:
         """The finding's stable identity (:func:`finding_identity`)."""
         return finding_identity(self.rule_id, self.cause, self.labels)
+
+    @property
+    def service(self) -> str:
+        """The service it is about: its ``service`` label, else its ``job`` (``""`` when neither).
+
+        The one answer for grouping, routing, scope and the capacity bottleneck alike.
+        """
+        return service_of(self.labels)
 
     @property
     def is_actionable(self) -> bool:

@@ -47,6 +47,10 @@ class EvaluatedStep:
     findings: Sequence[Finding] | None
 
 
+#: Causes about the evidence, not the service: never what gave way.
+_NOT_A_BOTTLENECK = frozenset({"source_unavailable", "no_data"})
+
+
 def finding_key(finding: Finding) -> FindingKey:
     return finding.rule_id, tuple(sorted(finding.labels.items()))
 
@@ -121,7 +125,7 @@ def _candidates(failing: EvaluatedStep, before: dict[FindingKey, Finding]) -> Ra
     services = {_service(f) for f in failing.findings if f.kind == "symptom"} - {("", "")}
     ranked: Ranked = []
     for finding in failing.findings:
-        if finding.kind != "cause" or finding.cause == "source_unavailable":
+        if finding.kind != "cause" or finding.cause in _NOT_A_BOTTLENECK:
             continue
         previous = before.get(finding_key(finding))
         grown = rise(previous, finding)
@@ -200,4 +204,4 @@ def _instance_at(key: FindingKey, steps: Sequence[EvaluatedStep], rate: float) -
 
 
 def _service(finding: Finding) -> tuple[str, str]:
-    return finding.labels.get("namespace", ""), finding.labels.get("job", "")
+    return finding.labels.get("namespace", ""), finding.service

@@ -28,7 +28,7 @@ import time
 from datetime import UTC, datetime
 
 from diagnoser.config import Settings
-from diagnoser.engine import diagnose
+from diagnoser.engine import BuiltSources, run_diagnosis
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.ruleset import RuleSet
 from diagnoser.sources import Sources
@@ -48,13 +48,18 @@ _MAX_WINDOW_S = 300
 async def evaluate_step(
     rules: RuleSet, settings: Settings, sources: Sources, *, started_at: datetime, ended_at: datetime
 ) -> Diagnosis:
-    """The rule pack as of ``ended_at``, once its scrapes are in, over a window covering the step."""
+    """The rule pack as of ``ended_at``, once its scrapes are in, over a window covering the step.
+
+    Through the one pipeline (:func:`~diagnoser.engine.run_diagnosis`): silences keep a silenced
+    cause from being named the bottleneck, the deadline bounds the evaluation, coverage is
+    attached, findings are ranked. The sources stay open for the next step.
+    """
     window_s = max(2, math.floor((ended_at - started_at).total_seconds()))
     if sources.prometheus is not None:
         await settle(sources.prometheus, started_at, ended_at)
         window_s = await step_window_s(sources.prometheus, ended_at, window_s)
     step_settings = settings.model_copy(update={"window": f"{window_s}s"})
-    return await diagnose(rules, step_settings, sources, at=ended_at)
+    return await run_diagnosis(step_settings, rules=rules, at=ended_at, sources=BuiltSources(sources))
 
 
 async def settle(

@@ -47,6 +47,7 @@ def rules_list(
             "sources": list(rule.sources),
             "title": rule.title,
             "runbook_url": rule.runbook_url(settings.runbook_base_url),
+            **({"new_cause": rule.new_cause} if rule.new_cause else {}),
         }
         for rule in sorted(ruleset, key=lambda r: r.id)
     ]
@@ -64,7 +65,10 @@ def rules_list(
         # The id is what users copy into --rule, rule_params and tests: never cut it; the other
         # columns wrap instead.
         widest = max((len(r["id"]) for r in rows), default=4)
-        causes = [r["cause"] + (" (symptom)" if r["kind"] == "symptom" else "") for r in rows]
+        causes = [
+            r["cause"] + (" (symptom)" if r["kind"] == "symptom" else " (new)" if r.get("new_cause") else "")
+            for r in rows
+        ]
         if stdout.width >= widest + max((len(c) for c in causes), default=5) + 36:
             table = Table(box=box.SIMPLE, pad_edge=False)
             table.add_column("rule", no_wrap=True)

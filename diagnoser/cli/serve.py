@@ -30,7 +30,7 @@ from diagnoser.cli.app import (
     load_cli_settings,
     run_loop,
 )
-from diagnoser.config import configured_sources, parse_listen_address
+from diagnoser.config import Settings, configured_sources, parse_listen_address
 from diagnoser.daemon.logs import configure_logging
 from diagnoser.errors import ConfigError, DiagnoserError
 
@@ -103,6 +103,7 @@ def serve_command(
         )
     try:
         check_listen("--listen", *parse_listen_address(settings.daemon.listen))
+        _check_receivers(settings)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
     configure_logging(settings, log_format=log_format.value, level=log_level.value, verbose=verbose)
@@ -115,6 +116,14 @@ def serve_command(
         log.error("cannot run the daemon: %s", exc)
         raise typer.Exit(2) from exc
     _exit_without_waiting_for_blocked_threads()
+
+
+def _check_receivers(settings: Settings) -> None:
+    """Every receiver's config valid and buildable before the daemon starts (ConfigError)."""
+    from diagnoser.notify.receivers import build_receivers, receiver_configs
+
+    webhook_url = settings.daemon.notify_webhook_url
+    build_receivers(receiver_configs(settings.notify, slack=settings.slack, webhook_url=webhook_url))
 
 
 def _replay(path: Path) -> None:

@@ -26,6 +26,7 @@ Example file::
 
 from __future__ import annotations
 
+from diagnoser.config.receivers import DeliverySettings, Match, NotifySettings, ReceiverSpec, Route
 from diagnoser.config.sections import (
     CAPACITY_MAX_DURATION_CEILING_S,
     CAPACITY_MAX_RATE_CEILING,
@@ -61,11 +62,16 @@ __all__ = [
     "BasicAuth",
     "CapacitySettings",
     "DaemonSettings",
+    "DeliverySettings",
     "ElasticsearchSettings",
     "KubernetesSettings",
     "LeaderElectionSettings",
+    "Match",
+    "NotifySettings",
     "ProbeSettings",
     "PrometheusSettings",
+    "ReceiverSpec",
+    "Route",
     "Settings",
     "Silence",
     "SlackSettings",

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
+from diagnoser.config.receivers import NotifySettings
 from diagnoser.config.sections import (
     DEFAULT_RUNBOOK_BASE_URL,
     CapacitySettings,
@@ -52,6 +53,8 @@ class Settings(BaseSettings):
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    #: Receivers of the daemon's notifications and the delivery's knobs.
+    notify: NotifySettings = Field(default_factory=NotifySettings)
     #: Metric-name overrides: ``real exporter name -> name in this installation``.
     metrics: dict[str, str] = Field(default_factory=dict)
     #: Application signals rules refer to as ``${signals.NAME}``, e.g. ``queue_length``.

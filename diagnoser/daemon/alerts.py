@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from diagnoser.daemon.jobs import JobHost
 from diagnoser.daemon.schedule import GuardedRun
 from diagnoser.engine.scope import in_label_scope
-from diagnoser.models import Diagnosis, Finding
+from diagnoser.models import Diagnosis, Finding, service_of
 from diagnoser.notify.outbox import NotificationKind
 from diagnoser.notify.payloads import AlertReportPayload
 
@@ -153,7 +153,7 @@ class AlertReceiver:
             scope = scopes[0] if len(scopes) == 1 else {}
             held = (state.incident_of(f.identity) for f in findings)
             incident = next((i for i in held if i is not None), None)
-            services = {s.get("service") or s.get("job") for s in scopes} - {None, ""}
+            services = {service_of(s) for s in scopes} - {""}
             if incident is None and len(services) == 1:
                 incident = state.incident_for_service(str(services.pop()))
             threaded = next((f.identity for f in findings if state.thread_of(f.identity)[1]), None)

@@ -84,8 +84,7 @@ class Group:
 
 def service_of(finding: Finding) -> tuple[str, str]:
     """``(namespace, service)`` of a finding, from its labels (``job`` when there is no ``service``)."""
-    labels = finding.labels
-    return labels.get("namespace", ""), labels.get("service") or labels.get("job", "")
+    return finding.labels.get("namespace", ""), finding.service
 
 
 def same_scope(a: Finding, b: Finding) -> bool:

@@ -24,10 +24,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from diagnoser.config import DaemonSettings, Settings
+from diagnoser.config import DaemonSettings, ProbeSettings, Settings
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.leader import LeaderElector
 from diagnoser.daemon.metrics import DaemonMetrics
@@ -35,7 +36,7 @@ from diagnoser.daemon.schedule import JobSchedule
 from diagnoser.daemon.state import StateStore
 from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis, Finding, Severity
-from diagnoser.notify.delivery import OutboxDelivery
+from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.outbox import OutboxEntry
 
 if TYPE_CHECKING:
@@ -140,19 +141,23 @@ def _log_transitions(before: Mapping[str, Finding], after: Mapping[str, Finding]
 class ProbeJob:
     """Runs each configured probe definition once per run; keeps its result for the next diagnosis."""
 
-    def __init__(self, settings: Settings, metrics: DaemonMetrics) -> None:
-        self.settings = settings
+    def __init__(
+        self, probe_files: Sequence[Path], caps: ProbeSettings, metrics: DaemonMetrics, *, interval_s: float
+    ) -> None:
+        self.probe_files = list(probe_files)
+        self.caps = caps
+        self.interval_s = interval_s
         self.metrics = metrics
         self._results: dict[str, tuple[float, ProbeResult]] = {}
 
     async def __call__(self) -> None:
         from diagnoser.probe import build_spec, run_probe
 
-        for path in self.settings.daemon.probe_files:
+        for path in self.probe_files:
             name = path.stem
             try:
                 spec, explicit = build_spec(str(path))
-                result = await run_probe(spec, self.settings.probe, explicit_target=explicit)
+                result = await run_probe(spec, self.caps, explicit_target=explicit)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a refused or broken probe is reported, the others still run
@@ -184,7 +189,7 @@ class ProbeJob:
         if not self._results:
             return None
         finished, result = max(self._results.values(), key=lambda item: item[0])
-        if time.monotonic() - finished > 2 * self.settings.daemon.probe_interval_s + 60:
+        if time.monotonic() - finished > 2 * self.interval_s + 60:
             return None
         return result
 
@@ -194,7 +199,9 @@ class OutboxJob:
 
     JOB_ID = "outbox"
 
-    def __init__(self, host: JobHost, delivery: OutboxDelivery | None, schedule: JobSchedule) -> None:
+    def __init__(
+        self, host: JobHost, delivery: OutboxDelivery | FanOut | None, schedule: JobSchedule
+    ) -> None:
         self.host = host
         self.delivery = delivery
         self.schedule = schedule

@@ -5,8 +5,10 @@ active findings, an Alertmanager webhook). The jobs (:mod:`~diagnoser.daemon.job
 event loop through :class:`~diagnoser.daemon.schedule.JobSchedule`: *diagnose* at
 ``daemon.diagnose_interval_s``, *probe* at ``daemon.probe_interval_s`` when probe files are
 configured, *outbox* at ``daemon.outbox_retry_s`` and whenever something is queued, *leader* at
-the Lease's renew interval when leader election is on. Only the leader with Slack configured
-queues and sends; the others keep their state in step, silently.
+the Lease's renew interval when leader election is on. Only the leader with a receiver
+configured (``notify.receivers``, or the older ``slack.*`` / ``daemon.notify_webhook_url``)
+queues and sends, one outbox row per receiver whose ``match`` takes the notification; the others
+keep their state in step, silently.
 
 On SIGTERM or SIGINT (:func:`run_daemon`) the schedule stops starting jobs, in-flight runs get
 ``daemon.shutdown_grace_s`` to finish and are then cancelled, the Lease is released and the
@@ -40,11 +42,17 @@ from diagnoser.daemon.state import StateStore
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Finding
-from diagnoser.notify.delivery import OutboxDelivery
+from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.outbox import render_entry
-from diagnoser.notify.sender import Sender
-from diagnoser.notify.slack_sender import SlackSender
-from diagnoser.notify.webhook_sender import JsonWebhookSender
+from diagnoser.notify.receivers import (
+    ReceiverConfig,
+    build_receivers,
+    delivery_settings,
+    deprecations,
+    receiver_configs,
+    routes,
+)
+from diagnoser.notify.sender import Receiver, Sender
 from diagnoser.ruleset import RuleSet
 from diagnoser.sources.kubernetes.credentials import Credentials, load_credentials
 
@@ -56,9 +64,10 @@ log = logging.getLogger(__name__)
 class Daemon:
     """The always-on diagnoser; one instance per process.
 
-    The rules, the Slack sender, the leader elector and the Kubernetes credentials (loaded once,
-    shared by the source and leader election) can be passed in; whatever is not is built from
-    ``settings`` (no Slack configured: state is kept, nothing is sent).
+    The rules, the sender (one, in place of the configured receivers), the leader elector and
+    the Kubernetes credentials (loaded once, shared by the source and leader election) can be
+    passed in; whatever is not is built from ``settings`` (no receiver configured: state is
+    kept, nothing is sent).
     """
 
     def __init__(
@@ -66,7 +75,7 @@ class Daemon:
         settings: Settings,
         *,
         rules: RuleSet | None = None,
-        sender: Sender | None = None,
+        sender: Sender[Any] | None = None,
         elector: LeaderElector | None = None,
         credentials: Credentials | None = None,
     ) -> None:
@@ -76,13 +85,16 @@ class Daemon:
         self.metrics = DaemonMetrics()
         self.rules = rules
         self.sender = sender
+        self.receivers: list[Receiver[Any]] = []
         self.elector = elector
         self.state: StateStore | None = None
         self.sources: BuiltSources | None = None
         self.schedule = JobSchedule(
             misfire_grace_s=self.config.misfire_grace_s, jitter_s=self.config.jitter_s
         )
-        self.probes = ProbeJob(settings, self.metrics)
+        self.probes = ProbeJob(
+            self.config.probe_files, settings.probe, self.metrics, interval_s=self.config.probe_interval_s
+        )
         self.diagnoses = DiagnoseJob(self)
         self.alerts = AlertReceiver(self)
         self.http = HttpServer(self, self.config)
@@ -101,15 +113,17 @@ class Daemon:
 
     @property
     def notifies(self) -> bool:
-        """True when this replica sends: it leads and Slack is configured."""
-        return self.sender is not None and self.elector is not None and self.elector.is_leader
+        """True when this replica sends: it leads and a receiver is configured."""
+        has_one = self.sender is not None or bool(self.receivers)
+        return has_one and self.elector is not None and self.elector.is_leader
 
     # --- life cycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the state, build sources, serve HTTP and start the jobs (the first runs at once)."""
-        state = self.state = StateStore(Path(self.config.state_path))
-        self._build_parts(state)
+        configs = self._receiver_configs()
+        state = self.state = StateStore(Path(self.config.state_path), routes=routes(configs))
+        self._build_parts(state, configs)
         assert self.elector is not None
         assert self.rules is not None
         assert self.outbox is not None
@@ -134,43 +148,50 @@ class Daemon:
                 "diagnose_interval_s": cfg.diagnose_interval_s,
                 "listen": f"{self.http.host}:{self.http.port}",
                 "state": str(cfg.state_path),
-                "slack": self.sender.target if self.sender else "not configured",
+                "receivers": ", ".join(self._targets()) or "not configured",
                 "identity": self.elector.identity,
             },
         )
 
-    def _build_parts(self, state: StateStore) -> None:
-        """Whatever was not passed in: rules, sources, the Slack sender, the leader elector."""
+    def _receiver_configs(self) -> list[ReceiverConfig]:
+        """The receivers' typed configs (none when a sender was passed in); older keys logged."""
+        if self.sender is not None:
+            return []
+        notify, slack = self.settings.notify, self.settings.slack
+        webhook_url = self.config.notify_webhook_url
+        for line in deprecations(notify, slack=slack, webhook_url=webhook_url):
+            log.warning("deprecated configuration: %s (see docs/configuration.md)", line)
+        return receiver_configs(notify, slack=slack, webhook_url=webhook_url)
+
+    def _targets(self) -> list[str]:
+        if self.sender is not None:
+            return [self.sender.target]
+        return [f"{r.name}: {r.target}" for r in self.receivers]
+
+    def _build_parts(self, state: StateStore, configs: list[ReceiverConfig]) -> None:
+        """Whatever was not passed in: rules, sources, the receivers, the leader elector."""
         if self.rules is None:
             self.rules = load_ruleset(self.settings)
         for problem in self.rules.problems:
             log.warning("rule not loaded: %s", problem)
         credentials = self.credentials or self._load_credentials()
         self.sources = build_sources(self.settings, credentials=credentials)
-        if self.sender is None:
-            self.sender = self._build_sender()
-        delivery = None
+        knobs = delivery_settings(self.settings.notify, slack=self.settings.slack)
+        delivery: OutboxDelivery | FanOut | None = None
         if self.sender is not None:
-            delivery = OutboxDelivery(state, self.sender, self.metrics, render_entry, self.settings.slack)
+            delivery = OutboxDelivery(state, self.sender, self.metrics, render_entry, knobs)
+        else:
+            self.receivers = build_receivers(configs)
+            if self.receivers:
+                delivery = FanOut([
+                    OutboxDelivery(state.outbox_for(r.name), r, self.metrics, settings=knobs)
+                    for r in self.receivers
+                ])
         self.outbox = OutboxJob(self, delivery, self.schedule)
         if self.elector is None:
             self.elector = elector_for(
                 self.settings.kubernetes, self.config.leader_election, credentials=credentials
             )
-
-    def _build_sender(self) -> Sender | None:
-        """Slack when configured, else the JSON webhook when configured, else none."""
-        slack = SlackSender.from_settings(self.settings.slack)
-        if slack is not None:
-            return slack
-        url = self.config.notify_webhook_url
-        if url is None:
-            return None
-        rate = self.settings.slack
-        return JsonWebhookSender(
-            url.get_secret_value(), timeout_s=rate.timeout_s, messages_per_s=rate.messages_per_s,
-            burst=rate.message_burst,
-        )
 
     def _load_credentials(self) -> Credentials | None:
         """The Kubernetes credentials, read once for the source and leader election; ``None``

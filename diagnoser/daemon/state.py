@@ -9,7 +9,10 @@ One SQLite file (a PersistentVolume in the cluster) holds:
   (:mod:`~diagnoser.daemon.reconcile` decides about them), with the Slack message that
   shows each (to edit) and the thread its replies go in;
 - ``outbox``: notifications not yet delivered, in the order they were decided; ``dead_letters``:
-  the ones the channel refused, tried again on a slow schedule.
+  the ones the channel refused, tried again on a slow schedule. With several receivers
+  (``notify.receivers``) each notification is one row per receiver whose ``match`` takes it,
+  delivered and retried on its own; where the first receiver's messages are is kept on the
+  incident (as before receivers), the others' in ``receiver_posts``.
 
 :meth:`StateStore.reconcile` compares a diagnosis with the active findings and incidents and, in
 one transaction, updates them and appends to the outbox: an incident is posted once it has held
@@ -37,20 +40,28 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from sqlite3 import Connection
 from typing import Any, Protocol
 
+from diagnoser.config.receivers import Match, Route
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
-from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.models import Diagnosis, Finding, Severity, service_of
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
-from diagnoser.notify.payloads import DigestPayload, Payload, dump_payload
+from diagnoser.notify.payloads import (
+    AlertReportPayload,
+    DigestPayload,
+    FindingPayload,
+    IncidentPayload,
+    Payload,
+    dump_payload,
+)
 
-__all__ = ["StateStore", "fingerprint"]
+__all__ = ["ReceiverOutbox", "StateStore", "fingerprint"]
 
 
 class _Identified(Protocol):
@@ -80,10 +91,22 @@ class StateStore:
     calls them from the event loop directly.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, routes: Sequence[Route] = ()) -> None:
         self.path = path
         self._file = StateFile(path)
         self._db: Connection = self._file.db
+        #: The receivers notifications are queued for; none: one row per notification, for
+        #: whichever sender the daemon has.
+        self.routes = tuple(routes)
+        self._primary = self.routes[0].name if self.routes else None
+
+    def _is_primary(self, receiver: str | None) -> bool:
+        """The first receiver keeps its positions on the incident (where an older file has them)."""
+        return receiver is None or receiver == self._primary
+
+    def outbox_for(self, receiver: str) -> ReceiverOutbox:
+        """The outbox of one receiver: what its delivery reads and writes."""
+        return ReceiverOutbox(self, receiver)
 
     @property
     def set_aside(self) -> Path | None:
@@ -147,8 +170,11 @@ class StateStore:
                         self._db.execute("UPDATE findings SET status='resolved' WHERE fingerprint=?", (fp,))
             book = IncidentBook(self._db, policy, now=now, notify=notify)
             decisions = book.reconcile(list(seen.values()), carried=carried)
-            entries = [self._enqueue(d.payload_fingerprint, d.kind, d.payload, now, d.incident_id)
-                       for d in decisions]
+            entries = [
+                entry
+                for d in decisions
+                for entry in self._enqueue(d.payload_fingerprint, d.kind, d.payload, now, d.incident_id)
+            ]
             self._db.execute(
                 "INSERT INTO meta (key, value) VALUES ('last_diagnosis_at', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
@@ -177,42 +203,62 @@ class StateStore:
     def enqueue(
         self, kind: NotificationKind, payload: Payload, fingerprint: str | None = None,
         *, incident_id: int | None = None,
-    ) -> OutboxEntry:
-        """Queue a notification that is not an incident's transition (an Alertmanager report)."""
+    ) -> list[OutboxEntry]:
+        """Queue a notification that is not an incident's transition (an Alertmanager report):
+        one entry per receiver it is for."""
         with self._write("queue a notification"):
-            entry = self._enqueue(fingerprint, kind, payload, time.time(), incident_id)
-        return entry
+            return self._enqueue(fingerprint, kind, payload, time.time(), incident_id)
 
     def _enqueue(
         self, fp: str | None, kind: NotificationKind, payload: Payload, now: float,
         incident_id: int | None = None,
-    ) -> OutboxEntry:
+    ) -> list[OutboxEntry]:
         raw = dump_payload(payload)
-        cursor = self._db.execute(
-            "INSERT INTO outbox (fingerprint, kind, payload, created_at, incident_id) VALUES (?,?,?,?,?)",
-            (fp, kind.value, raw, now, incident_id),
+        receivers: list[str | None] = (
+            [route.name for route in self.routes if _accepts(route.match, payload)] if self.routes else [None]
         )
-        entry_id = int(cursor.lastrowid or 0)
-        return OutboxEntry(entry_id, fp, kind, json.loads(raw), now, 0, incident_id=incident_id)
+        entries = []
+        for receiver in receivers:
+            cursor = self._db.execute(
+                "INSERT INTO outbox (fingerprint, kind, payload, created_at, incident_id, receiver)"
+                " VALUES (?,?,?,?,?,?)",
+                (fp, kind.value, raw, now, incident_id, receiver),
+            )
+            entry_id = int(cursor.lastrowid or 0)
+            entries.append(
+                OutboxEntry(
+                    entry_id, fp, kind, json.loads(raw), now, 0, incident_id=incident_id, receiver=receiver
+                )
+            )
+        return entries
 
     # --- delivering --------------------------------------------------------------------------
 
     _ENTRY_COLUMNS = (
         "id, fingerprint, kind, payload, created_at, attempts, marker, next_attempt_at,"
-        " attempt_started_at, last_error, incident_id"
+        " attempt_started_at, last_error, incident_id, receiver"
     )
 
-    def pending(self, limit: int = 100) -> list[OutboxEntry]:
-        """Queued notifications, oldest first."""
+    def _receiver_rows(self, receiver: str | None) -> tuple[str, tuple[object, ...]]:
+        """The WHERE clause of one receiver's rows (the first receiver's include the unnamed)."""
+        if receiver is None:
+            return "1", ()
+        if self._is_primary(receiver):
+            return "(receiver=? OR receiver IS NULL)", (receiver,)
+        return "receiver=?", (receiver,)
+
+    def pending(self, limit: int = 100, *, receiver: str | None = None) -> list[OutboxEntry]:
+        """Queued notifications, oldest first (``receiver``: only that receiver's)."""
+        where, args = self._receiver_rows(receiver)
         with self._reading("read the outbox") as db:
             rows = db.execute(
-                f"SELECT {self._ENTRY_COLUMNS} FROM outbox ORDER BY id LIMIT ?", (limit,)
+                f"SELECT {self._ENTRY_COLUMNS} FROM outbox WHERE {where} ORDER BY id LIMIT ?", (*args, limit)
             ).fetchall()
         return [
             OutboxEntry(
                 int(r[0]), r[1], NotificationKind(r[2]), json.loads(r[3]), float(r[4]), int(r[5]),
                 r[6], float(r[7] or 0), None if r[8] is None else float(r[8]), r[9],
-                None if r[10] is None else int(r[10]),
+                None if r[10] is None else int(r[10]), r[11],
             )
             for r in rows
         ]
@@ -246,13 +292,15 @@ class StateStore:
                 (error[:500], retry_at, 1 if count_attempt else 0, in_doubt, entry_id),
             )
 
-    def reset_backoff(self, *, except_id: int) -> None:
-        """The channel took a message: the others wait no longer for the outage that is over."""
+    def reset_backoff(self, *, except_id: int, receiver: str | None = None) -> None:
+        """The channel took a message: the others wait no longer for the outage that is over
+        (``receiver``: only that receiver's, another one's outage may not be over)."""
+        where, args = self._receiver_rows(receiver)
         with self._write("reset the backoff") as db:
             db.execute(
                 "UPDATE outbox SET next_attempt_at=0, attempts=0 WHERE id!=? AND next_attempt_at>0"
-                " AND attempt_started_at IS NULL",
-                (except_id,),
+                f" AND attempt_started_at IS NULL AND {where}",
+                (except_id, *args),
             )
 
     def dead_letter(self, entry_id: int, error: str, *, reason: str = "", now: float | None = None) -> None:
@@ -265,14 +313,16 @@ class StateStore:
         with self._write("dead-letter a notification") as db:
             db.execute(
                 "INSERT OR REPLACE INTO dead_letters (id, fingerprint, kind, payload, created_at, attempts,"
-                " error, dead_at, incident_id, marker, reason, retries) SELECT id, fingerprint, kind,"
-                " payload, created_at, attempts, ?, ?, incident_id, marker, ?, retries FROM outbox"
-                " WHERE id=?",
+                " error, dead_at, incident_id, marker, reason, retries, receiver) SELECT id, fingerprint,"
+                " kind, payload, created_at, attempts, ?, ?, incident_id, marker, ?, retries, receiver"
+                " FROM outbox WHERE id=?",
                 (error[:500], now, reason, entry_id),
             )
-            row = db.execute("SELECT kind, incident_id FROM outbox WHERE id=?", (entry_id,)).fetchone()
+            row = db.execute(
+                "SELECT kind, incident_id, receiver FROM outbox WHERE id=?", (entry_id,)
+            ).fetchone()
             if row is not None and row[0] == NotificationKind.new.value and row[1] is not None:
-                db.execute("UPDATE incidents SET landed=-1 WHERE id=?", (row[1],))
+                self._set_position(int(row[1]), row[2], landed=-1)
             db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
 
     def dead_letters(self) -> list[tuple[int, str, str]]:
@@ -282,7 +332,8 @@ class StateStore:
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def retry_dead_letters(
-        self, *, older_than_s: float = 0.0, max_retries: int | None = None, now: float | None = None
+        self, *, older_than_s: float = 0.0, max_retries: int | None = None, now: float | None = None,
+        receiver: str | None = None,
     ) -> int:
         """Put dead letters back in the queue, in their place (their own ids); how many.
 
@@ -292,25 +343,25 @@ class StateStore:
         """
         now = time.time() if now is None else now
         placeholders = ",".join("?" * len(_NOT_RETRIED))
+        where, args = self._receiver_rows(receiver)
         with self._write("retry the dead letters") as db:
-            ids = [int(r[0]) for r in db.execute(
-                f"SELECT id FROM dead_letters WHERE dead_at<=? AND retries<? AND COALESCE(reason, '')"
-                f" NOT IN ({placeholders}) ORDER BY id",
-                (now - older_than_s, 10**9 if max_retries is None else max_retries, *_NOT_RETRIED),
-            )]
-            for entry_id in ids:
+            rows = db.execute(
+                f"SELECT id, kind, incident_id, receiver FROM dead_letters WHERE dead_at<=? AND retries<?"
+                f" AND COALESCE(reason, '') NOT IN ({placeholders}) AND {where} ORDER BY id",
+                (now - older_than_s, 10**9 if max_retries is None else max_retries, *_NOT_RETRIED, *args),
+            ).fetchall()
+            for entry_id, kind, incident_id, owner in rows:
                 db.execute(
                     "INSERT INTO outbox (id, fingerprint, kind, payload, created_at, attempts, marker,"
-                    " incident_id, retries, last_error) SELECT id, fingerprint, kind, payload, created_at, 0,"
-                    " marker, incident_id, retries+1, error FROM dead_letters WHERE id=?",
+                    " incident_id, retries, last_error, receiver) SELECT id, fingerprint, kind, payload,"
+                    " created_at, 0, marker, incident_id, retries+1, error, receiver FROM dead_letters"
+                    " WHERE id=?",
                     (entry_id,),
                 )
-                db.execute(
-                    "UPDATE incidents SET landed=0 WHERE landed=-1 AND id=(SELECT incident_id FROM"
-                    " dead_letters WHERE id=? AND kind='new')",
-                    (entry_id,),
-                )
+                if kind == NotificationKind.new.value and incident_id is not None:
+                    self._set_position(int(incident_id), owner, landed=0, only_if_landed=-1)
                 db.execute("DELETE FROM dead_letters WHERE id=?", (entry_id,))
+        ids = [int(r[0]) for r in rows]
         return len(ids)
 
     def mark_sent(
@@ -322,12 +373,18 @@ class StateStore:
         gone) is where the incident's later messages now go.
         """
         with self._write("record a delivery") as db:
-            row = db.execute("SELECT fingerprint, kind, incident_id, payload FROM outbox WHERE id=?",
-                             (entry_id,)).fetchone()
+            row = db.execute(
+                "SELECT fingerprint, kind, incident_id, payload, receiver FROM outbox WHERE id=?", (entry_id,)
+            ).fetchone()
             db.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
             if row is None:
                 return
-            fp, kind, incident, raw = row
+            fp, kind, incident, raw, receiver = row
+            if not self._is_primary(receiver):
+                self._record_other(
+                    receiver, kind, incident, raw, channel=channel, ts=ts, starts_thread=starts_thread
+                )
+                return
             if kind == NotificationKind.digest.value and ts:
                 for member in DigestPayload.model_validate_json(raw).incident_ids:
                     db.execute(
@@ -346,16 +403,80 @@ class StateStore:
                     "UPDATE findings SET slack_channel=?, slack_ts=? WHERE fingerprint=?", (channel, ts, fp)
                 )
 
-    def incident_thread(self, incident_id: int) -> IncidentThread | None:
-        """Where an incident's message and thread are, and whether its first message landed."""
+    def _record_other(
+        self, receiver: str, kind: str, incident: int | None, raw: str, *,
+        channel: str | None, ts: str | None, starts_thread: bool,
+    ) -> None:
+        """Where a receiver other than the first put an incident's message (``receiver_posts``)."""
+        if kind == NotificationKind.digest.value and ts:
+            for member in DigestPayload.model_validate_json(raw).incident_ids:
+                self._set_position(member, receiver, channel=channel, thread_ts=ts)
+        elif incident is not None and kind == NotificationKind.new.value:
+            self._set_position(incident, receiver, landed=1, channel=channel, message_ts=ts, thread_ts=ts,
+                               keep_thread=True)
+        elif incident is not None and starts_thread and ts:
+            self._set_position(incident, receiver, channel=channel, thread_ts=ts)
+
+    def _set_position(
+        self, incident: int, receiver: str | None, *, landed: int | None = None,
+        only_if_landed: int | None = None,
+        channel: str | None = None, message_ts: str | None = None, thread_ts: str | None = None,
+        keep_thread: bool = False,
+    ) -> None:
+        """Update where (and whether) an incident's messages landed for one receiver, in the
+        transaction under way."""
+        if self._is_primary(receiver):
+            if landed is not None:
+                guard = "" if only_if_landed is None else f" AND landed={int(only_if_landed)}"
+                self._db.execute(f"UPDATE incidents SET landed=? WHERE id=?{guard}", (landed, incident))
+            return
+        self._db.execute(
+            "INSERT OR IGNORE INTO receiver_posts (incident_id, receiver) VALUES (?, ?)", (incident, receiver)
+        )
+        if landed is not None:
+            guard = "" if only_if_landed is None else f" AND landed={int(only_if_landed)}"
+            self._db.execute(
+                f"UPDATE receiver_posts SET landed=? WHERE incident_id=? AND receiver=?{guard}",
+                (landed, incident, receiver),
+            )
+        if channel is not None or message_ts is not None or thread_ts is not None:
+            thread = "COALESCE(thread_ts, ?)" if keep_thread else "COALESCE(?, thread_ts)"
+            self._db.execute(
+                f"UPDATE receiver_posts SET channel=COALESCE(?, channel), message_ts=COALESCE(?, message_ts),"
+                f" thread_ts={thread} WHERE incident_id=? AND receiver=?",
+                (channel, message_ts, thread_ts, incident, receiver),
+            )
+
+    def incident_thread(self, incident_id: int, *, receiver: str | None = None) -> IncidentThread | None:
+        """Where an incident's message and thread are, and whether its first message landed
+        (``receiver``: for that receiver; default the first)."""
         with self._reading("read an incident") as db:
+            if not self._is_primary(receiver):
+                if db.execute("SELECT 1 FROM incidents WHERE id=?", (incident_id,)).fetchone() is None:
+                    return None
+                row = db.execute(
+                    "SELECT channel, message_ts, thread_ts, landed FROM receiver_posts"
+                    " WHERE incident_id=? AND receiver=?", (incident_id, receiver),
+                ).fetchone()
+                return IncidentThread(row[0], row[1], row[2], int(row[3])) if row else IncidentThread(
+                    None, None, None, 0)
             row = db.execute(
                 "SELECT channel, message_ts, thread_ts, landed FROM incidents WHERE id=?", (incident_id,)
             ).fetchone()
         return IncidentThread(row[0], row[1], row[2], int(row[3])) if row else None
 
-    def thread_of(self, fp: str) -> tuple[str | None, str | None]:
+    def thread_of(self, fp: str, *, receiver: str | None = None) -> tuple[str | None, str | None]:
         """``(channel, ts)`` of the thread of this finding's newest incident (or its own), if known."""
+        if not self._is_primary(receiver):
+            with self._reading("read a thread") as db:
+                row = db.execute(
+                    "SELECT p.channel, p.thread_ts FROM receiver_posts p"
+                    " JOIN incidents i ON i.id=p.incident_id"
+                    " WHERE p.receiver=? AND i.members LIKE ? AND p.thread_ts IS NOT NULL"
+                    " ORDER BY i.id DESC LIMIT 1",
+                    (receiver, f'%"{fp}"%'),
+                ).fetchone()
+            return (row[0], row[1]) if row else (None, None)
         with self._reading("read a thread") as db:
             row = db.execute(
                 "SELECT channel, thread_ts FROM incidents WHERE members LIKE ? AND thread_ts IS NOT NULL"
@@ -376,7 +497,7 @@ class StateStore:
                 " ORDER BY id DESC"
             ):
                 labels = json.loads(view).get("lead", {}).get("labels", {})
-                if service in (labels.get("service"), labels.get("job")):
+                if service in (service_of(labels), labels.get("job")):
                     return int(incident_id)
         return None
 
@@ -411,3 +532,71 @@ class StateStore:
     def integrity_ok(self) -> bool:
         """SQLite's full integrity check of the file (what a restart after a crash relies on)."""
         return bool(self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def _accepts(match: Match, payload: Payload) -> bool:
+    """Whether a receiver with ``match`` is told of ``payload``: of any finding it is about."""
+    if isinstance(payload, IncidentPayload):
+        return match.accepts_any(payload.view.findings)
+    if isinstance(payload, FindingPayload):
+        return match.accepts(payload.finding)
+    if isinstance(payload, AlertReportPayload):
+        findings = payload.diagnosis.findings
+        return match.accepts_any(findings) if findings else match.accepts(None)
+    return any(match.accepts_row(row.severity, row.service, row.cause) for row in payload.rows)
+
+
+class ReceiverOutbox:
+    """One receiver's view of the store: the :class:`~diagnoser.notify.outbox.OutboxStore` its
+    delivery drives (its rows, its positions, its channel)."""
+
+    def __init__(self, store: StateStore, receiver: str) -> None:
+        self.store = store
+        self.receiver = receiver
+
+    def pending(self, limit: int = 100) -> list[OutboxEntry]:
+        return self.store.pending(limit, receiver=self.receiver)
+
+    def begin_attempt(self, entry_id: int, *, marker: str, now: float | None = None) -> None:
+        self.store.begin_attempt(entry_id, marker=marker, now=now)
+
+    def attempt_failed(
+        self, entry_id: int, error: str, *, retry_at: float, in_doubt: bool, count_attempt: bool = False
+    ) -> None:
+        self.store.attempt_failed(
+            entry_id, error, retry_at=retry_at, in_doubt=in_doubt, count_attempt=count_attempt
+        )
+
+    def dead_letter(self, entry_id: int, error: str, *, reason: str = "", now: float | None = None) -> None:
+        self.store.dead_letter(entry_id, error, reason=reason, now=now)
+
+    def mark_sent(
+        self, entry_id: int, *, channel: str | None = None, ts: str | None = None, starts_thread: bool = False
+    ) -> None:
+        self.store.mark_sent(entry_id, channel=channel, ts=ts, starts_thread=starts_thread)
+
+    def reset_backoff(self, *, except_id: int) -> None:
+        self.store.reset_backoff(except_id=except_id, receiver=self.receiver)
+
+    def retry_dead_letters(
+        self, *, older_than_s: float = 0.0, max_retries: int | None = None, now: float | None = None
+    ) -> int:
+        return self.store.retry_dead_letters(
+            older_than_s=older_than_s, max_retries=max_retries, now=now, receiver=self.receiver
+        )
+
+    def thread_of(self, fp: str) -> tuple[str | None, str | None]:
+        return self.store.thread_of(fp, receiver=self.receiver)
+
+    def incident_thread(self, incident_id: int) -> IncidentThread | None:
+        return self.store.incident_thread(incident_id, receiver=self.receiver)
+
+    def _key(self, key: str) -> str:
+        # The first receiver keeps the key an older version wrote (the Slack channel's id).
+        return key if self.store._is_primary(self.receiver) else f"{key}:{self.receiver}"
+
+    def remember(self, key: str, value: str) -> None:
+        self.store.remember(self._key(key), value)
+
+    def recall(self, key: str) -> str | None:
+        return self.store.recall(self._key(key))

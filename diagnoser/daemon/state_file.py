@@ -1,7 +1,8 @@
 """The state file itself: one SQLite file that is opened safely, set aside when corrupted, and written whole.
 
 :class:`StateFile` opens the file in WAL mode, creates or upgrades its tables (``findings``,
-``incidents``, ``outbox``, ``dead_letters``, ``meta``) and writes once at start, so a path that cannot be
+``incidents``, ``receiver_posts``, ``outbox``, ``dead_letters``, ``meta``) and writes once at
+start, so a path that cannot be
 opened or written (missing permission, read-only, a directory) is refused before the daemon runs.
 A file that is not a valid SQLite database is set aside (renamed ``<name>.corrupt-<UTC time>``)
 and a fresh one started. Every failure comes out as one
@@ -76,6 +77,15 @@ CREATE TABLE IF NOT EXISTS incidents (
     message_ts     TEXT,
     thread_ts      TEXT
 );
+CREATE TABLE IF NOT EXISTS receiver_posts (
+    incident_id  INTEGER NOT NULL,
+    receiver     TEXT NOT NULL,
+    channel      TEXT,
+    message_ts   TEXT,
+    thread_ts    TEXT,
+    landed       INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (incident_id, receiver)
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id           INTEGER PRIMARY KEY,
     fingerprint  TEXT,
@@ -102,6 +112,9 @@ _OUTBOX_ADDED_COLUMNS = {
     "incident_id": "INTEGER",
     # How many times it came back from the dead letters.
     "retries": "INTEGER NOT NULL DEFAULT 0",
+    # The receiver it is for (one row per receiver that matches); NULL: the first receiver
+    # (rows an older version queued, or a daemon with no receivers).
+    "receiver": "TEXT",
 }
 _ADDED_COLUMNS["outbox"] = _OUTBOX_ADDED_COLUMNS
 _ADDED_COLUMNS["dead_letters"] = {
@@ -110,6 +123,7 @@ _ADDED_COLUMNS["dead_letters"] = {
     # What refused it (``invalid_auth``...): only refusals are retried on the slow schedule.
     "reason": "TEXT",
     "retries": "INTEGER NOT NULL DEFAULT 0",
+    "receiver": "TEXT",
 }
 #: Less free space than this next to the state file, and an I/O error is a full disk.
 _FULL_BELOW_BYTES = 64 * 1024

@@ -22,10 +22,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from diagnoser.checks.probe import ProbeParams
 from diagnoser.config import Settings
+from diagnoser.config.parts import FindingStyle
 from diagnoser.engine import RuleOutcome
 from diagnoser.engine.evaluate import catalogue_of
 from diagnoser.errors import ExpressionError
@@ -41,7 +43,8 @@ from diagnoser.models import (
 )
 from diagnoser.promql import metric_names
 from diagnoser.ruleset import Rule, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable
+from diagnoser.ruleset.templating import MissingVariable, RuleVariables
+from diagnoser.signals import Catalogue
 from diagnoser.sources.prometheus import rewrite_metric_names
 
 __all__ = [
@@ -72,14 +75,29 @@ def metric_names_in(query: str) -> set[str]:
     return set(metric_names(query))
 
 
-def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
+@dataclass(frozen=True)
+class CoverageInputs:
+    """What coverage reads of the settings, taken once per run: the rules' variables, the
+    signal catalogue and the metric renames."""
+
+    variables: RuleVariables
+    catalogue: Catalogue
+    renames: dict[str, str]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CoverageInputs:
+        return cls(RuleVariables.from_settings(settings), catalogue_of(settings), dict(settings.metrics))
+
+
+def metric_names_of(rule: Rule, settings: Settings | CoverageInputs) -> set[str]:
     """The metrics ``rule`` needs, as named in this installation; empty for non-PromQL rules.
 
     A condition whose ``${signals.X}`` is not configured contributes nothing (the rule is
     skipped for that reason, not for missing data).
     """
-    variables = rule.variables(settings)
-    catalogue = catalogue_of(settings)
+    inputs = settings if isinstance(settings, CoverageInputs) else CoverageInputs.from_settings(settings)
+    variables = rule.variables(inputs.variables)
+    catalogue = inputs.catalogue
     names: set[str] = set()
     for condition in (*rule.when, *rule.evidence):
         if not condition.kind.needs_data or (condition.kind.name == "signal" and condition not in rule.when):
@@ -92,7 +110,7 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
             continue
         for _, query in condition.kind.queries_of(params, catalogue):
             try:
-                names |= metric_names_in(rewrite_metric_names(query, settings.metrics))
+                names |= metric_names_in(rewrite_metric_names(query, inputs.renames))
             except ExpressionError:
                 # Prometheus judges the query when it is sent (and ``rules lint`` names it); a
                 # query the parser cannot read only goes uncounted here.
@@ -100,7 +118,7 @@ def metric_names_of(rule: Rule, settings: Settings) -> set[str]:
     return names
 
 
-def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str | None:
+def probe_shortfall(rule: Rule, inputs: CoverageInputs, finished: int | None) -> str | None:
     """Why ``rule``'s probe conditions had nothing to judge, or ``None`` when they had enough.
 
     A ``probe`` condition does not hold below its ``min_requests``: with a run that small, a
@@ -108,8 +126,7 @@ def probe_shortfall(rule: Rule, settings: Settings, finished: int | None) -> str
     """
     if finished is None:
         return None
-    variables = rule.variables(settings)
-    catalogue = catalogue_of(settings)
+    variables, catalogue = rule.variables(inputs.variables), inputs.catalogue
     for condition in rule.when:
         try:
             params = resolve_condition(condition.kind, condition.raw_params, variables, catalogue=catalogue)
@@ -138,10 +155,11 @@ def build_coverage(
     by_id = {rule.id: rule for rule in rules}
     names = present_metrics if isinstance(present_metrics, set) else None
     entries: list[RuleCoverage] = []
+    inputs = CoverageInputs.from_settings(settings)
     for outcome in sorted(outcomes, key=lambda o: o.rule_id):
         rule = by_id.get(outcome.rule_id)
         source = rule.sources[0] if rule is not None and rule.sources else "engine"
-        entries.append(_rule_status(outcome, rule, source, settings, names, probe_finished))
+        entries.append(_rule_status(outcome, rule, source, inputs, names, probe_finished))
     counts = Counter(entry.status for entry in entries)
     configured_set = set(configured)
     failed = {error.source: error.message for error in source_errors}
@@ -196,7 +214,7 @@ def _rule_status(
     outcome: RuleOutcome,
     rule: Rule | None,
     source: str,
-    settings: Settings,
+    inputs: CoverageInputs,
     names: set[str] | None,
     probe_finished: int | None,
 ) -> RuleCoverage:
@@ -216,11 +234,11 @@ def _rule_status(
     if outcome.no_data is not None and not outcome.findings:
         return entry("no_data", outcome.no_data)
     if rule is not None and names is not None and not outcome.findings and "prometheus" in rule.sources:
-        needed = metric_names_of(rule, settings)
+        needed = metric_names_of(rule, inputs)
         if needed and not needed & names:
             return entry("no_data", None, needed)
     if rule is not None and not outcome.findings and "probe" in rule.sources:
-        shortfall = probe_shortfall(rule, settings, probe_finished)
+        shortfall = probe_shortfall(rule, inputs, probe_finished)
         if shortfall is not None:
             return entry("no_data", shortfall)
     return entry("evaluated")
@@ -317,7 +335,7 @@ def _metric_groups(names: Sequence[str], limit: int = 5) -> list[str]:
     return groups
 
 
-def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Finding | None:
+def no_data_finding(coverage: Coverage, at: datetime, style: FindingStyle) -> Finding | None:
     """A ``no_data`` finding when rules went without data and none had any; otherwise ``None``."""
     counts = coverage.counts
     if not counts.get("no_data") or counts.get("evaluated") or counts.get("silenced"):
@@ -326,7 +344,7 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
     when = at.strftime("%Y-%m-%dT%H:%M:%SZ")
     reasons = sorted({r.reason for r in coverage.rules if r.status == "no_data" and r.reason})
     if missing:
-        where = settings.prometheus.url or "Prometheus"
+        where = style.prometheus_url or "Prometheus"
         source = "prometheus"
         summary = (
             f"none of the {len(missing)} metrics the rules look for exist in {where} at {when} "
@@ -349,8 +367,9 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
         summary = "; ".join(reasons)
         evidence = [Evidence(source="probe", query="", detail=reason) for reason in reasons]
         advice = "Run the probe longer or at a higher rate (--probe-duration, --probe-rate)."
-    return Finding(
+    return style.finding(
         rule_id="sources/no-data",
+        labels={"source": source},
         cause="no_data",
         kind="cause",
         severity=Severity.warning,
@@ -358,6 +377,4 @@ def no_data_finding(coverage: Coverage, at: datetime, settings: Settings) -> Fin
         summary=summary,
         evidence=evidence,
         recommendation="The silence is not good news: nothing was measured. " + advice,
-        runbook_url=f"{settings.runbook_base_url}sources/no-data.md",
-        labels={**settings.context_labels, "source": source},
     )

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from diagnoser.checks import CheckContext, CheckResult
 from diagnoser.config import Settings
+from diagnoser.config.parts import FindingStyle
 from diagnoser.engine.rank import (
     agrees,
     collapse_errors,
@@ -33,10 +34,10 @@ from diagnoser.engine.rank import (
     without_yielding,
 )
 from diagnoser.errors import NoDataFound, SourceNotConfigured
-from diagnoser.models import Diagnosis, Evidence, Finding, SourceError
+from diagnoser.models import Diagnosis, Evidence, Finding, SourceError, service_of
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
-from diagnoser.ruleset.templating import MissingVariable, format_text
+from diagnoser.ruleset.templating import MissingVariable, RuleVariables, format_text
 from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.sources import Sources
 
@@ -56,6 +57,14 @@ log = logging.getLogger(__name__)
 MAX_FINDINGS_PER_RULE = 50
 #: Evidence rows shown per condition of one finding.
 MAX_EVIDENCE_PER_CONDITION = 10
+
+
+@dataclass(frozen=True)
+class RuleInputs:
+    """What evaluating a rule reads of the configuration, taken once per run."""
+
+    variables: RuleVariables
+    style: FindingStyle
 
 
 @dataclass
@@ -82,6 +91,9 @@ async def diagnose(
 ) -> Diagnosis:
     """Evaluate ``rules`` against ``sources`` as of ``at`` (default: now) and rank the findings.
 
+    Evaluation and ranking only, for library use: no silences, coverage or no-data finding.
+    Every command goes through :func:`~diagnoser.engine.run.run_diagnosis`, which has them.
+
     ``errors`` are source failures met before evaluation (a source that could not be built, a
     probe that could not run): they are reported with the rules' own, the same way.
     ``record``, when given, receives every rule's :class:`RuleOutcome` (for coverage).
@@ -107,6 +119,7 @@ async def evaluate(
     plus ``settings.signal_files``); ``deadline_s`` what is left of the run's deadline (default:
     ``settings.deadline_s``).
     """
+    inputs = RuleInputs(RuleVariables.from_settings(settings), FindingStyle.from_settings(settings))
     ctx = CheckContext(
         at=at or datetime.now(UTC),
         sources=sources,
@@ -115,7 +128,7 @@ async def evaluate(
     )
     rule_list = list(rules)
     tasks = {
-        asyncio.create_task(evaluate_rule(rule, settings, ctx), name=f"rule:{rule.id}"): rule
+        asyncio.create_task(evaluate_rule(rule, inputs, ctx), name=f"rule:{rule.id}"): rule
         for rule in rule_list
     }
     outcomes = await _outcomes(tasks, deadline_s if deadline_s is not None else settings.deadline_s)
@@ -123,7 +136,7 @@ async def evaluate(
         record.extend(outcomes)
     findings = without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
     reported = collapse_errors([*errors, *(e for outcome in outcomes for e in outcome.errors)])
-    findings.extend(unavailable_findings(reported, settings))
+    findings.extend(unavailable_findings(reported, inputs.style))
     return Diagnosis(
         evaluated_at=ctx.at,
         findings=findings,
@@ -165,13 +178,13 @@ async def _outcomes(tasks: Mapping[asyncio.Task[RuleOutcome], Rule], within_s: f
     return outcomes
 
 
-async def evaluate_rule(rule: Rule, settings: Settings, ctx: CheckContext) -> RuleOutcome:
+async def evaluate_rule(rule: Rule, inputs: RuleInputs, ctx: CheckContext) -> RuleOutcome:
     """Evaluate one rule as ``ctx`` says (instant, sources, catalogue); never raises (a bug in a
-    check becomes an error entry). ``settings`` resolve the rule's parameters and texts."""
+    check becomes an error entry). ``inputs`` resolve the rule's parameters and texts."""
     started = time.perf_counter()
     outcome = RuleOutcome(rule.id)
     try:
-        await _evaluate(rule, settings, ctx, outcome)
+        await _evaluate(rule, inputs, ctx, outcome)
     except SourceNotConfigured as exc:
         outcome.skipped = f"source {exc.source} not configured"
     except NoDataFound as exc:
@@ -193,9 +206,9 @@ async def evaluate_rule(rule: Rule, settings: Settings, ctx: CheckContext) -> Ru
     return outcome
 
 
-async def _evaluate(rule: Rule, settings: Settings, ctx: CheckContext, outcome: RuleOutcome) -> None:
-    params = rule.params_for(settings)
-    variables = rule.variables(settings)
+async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: RuleOutcome) -> None:
+    params = rule.params_for(inputs.variables)
+    variables = rule.variables(inputs.variables)
     conditions = (*rule.when, *rule.evidence)
     for condition in conditions:
         # Fail fast and quietly on unset signals or unconfigured sources, before any query.
@@ -231,7 +244,7 @@ async def _evaluate(rule: Rule, settings: Settings, ctx: CheckContext, outcome: 
             outcome.findings[-1].summary += f" (and {len(candidates) - emitted} more, not listed)"
             break
         candidate = _Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True)))
-        finding = _finding(rule, settings, params, candidate)
+        finding = _finding(rule, inputs, params, candidate)
         if finding is None:
             continue
         outcome.findings.append(finding)
@@ -244,7 +257,7 @@ def subject_of(labels: Mapping[str, str]) -> str:
     Series scraped outside Kubernetes have no namespace, some have no service or job: the
     summary still reads naturally instead of printing a placeholder.
     """
-    service = labels.get("service") or labels.get("job")
+    service = service_of(labels)
     namespace = labels.get("namespace")
     if service:
         return f"{namespace}/{service}" if namespace else service
@@ -289,11 +302,11 @@ class _Candidate:
 
 
 def _finding(
-    rule: Rule, settings: Settings, params: Mapping[str, Any], candidate: _Candidate
+    rule: Rule, inputs: RuleInputs, params: Mapping[str, Any], candidate: _Candidate
 ) -> Finding | None:
     """The finding for one candidate; ``None`` when one of the rule's ``require`` does not hold."""
     labels, primary_rows, others = candidate.labels, candidate.primary_rows, candidate.others
-    values = _template_values(rule, settings, params, candidate)
+    values = _template_values(rule, inputs.variables, params, candidate)
     problems = _compute(rule, values)
     if not _required(rule, values):
         return None
@@ -304,8 +317,9 @@ def _finding(
     recommendation = format_text(rule.recommendation, values)
     if problems:
         recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(problems) + ")"
-    return Finding(
+    return inputs.style.finding(
         rule_id=rule.id,
+        labels={**rule.labels, **labels},
         cause=rule.cause,
         kind=rule.kind,
         severity=rule.severity,
@@ -313,27 +327,18 @@ def _finding(
         summary=format_text(rule.summary, values),
         evidence=evidence,
         recommendation=recommendation,
-        runbook_url=rule.runbook_url(settings.runbook_base_url),
-        labels={**settings.context_labels, **rule.labels, **labels},
         explains=list(rule.explains),
     )
 
 
 def _template_values(
-    rule: Rule, settings: Settings, params: Mapping[str, Any], candidate: _Candidate
+    rule: Rule, variables: RuleVariables, params: Mapping[str, Any], candidate: _Candidate
 ) -> dict[str, Any]:
     """What a finding's templates and ``compute`` expressions can name."""
     labels, primary_rows, others = candidate.labels, candidate.primary_rows, candidate.others
     primary = max(primary_rows, key=lambda r: r.value if r.value is not None else float("-inf"))
     values: dict[str, Any] = {f"params.{k}": v for k, v in params.items()}
-    values.update(
-        {
-            "slo.p99_ms": settings.slo.p99_ms,
-            "slo.error_ratio": settings.slo.error_ratio,
-            "window": settings.window,
-            "confirm_window": settings.effective_confirm_window,
-        }
-    )
+    values.update(variables.template_values())
     values.update(primary.labels)
     values.update(labels)
     values["subject"] = subject_of({**primary.labels, **labels})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from diagnoser.config import Settings
+from diagnoser.config.parts import FindingStyle
 from diagnoser.models import Evidence, Finding, Severity, SourceError
 from diagnoser.ruleset import Rule
 
@@ -73,7 +73,7 @@ def collapse_errors(errors: list[SourceError]) -> list[SourceError]:
     return collapsed
 
 
-def unavailable_findings(errors: list[SourceError], settings: Settings) -> list[Finding]:
+def unavailable_findings(errors: list[SourceError], style: FindingStyle) -> list[Finding]:
     by_source: dict[str, list[SourceError]] = {}
     for error in errors:
         if error.source != "engine":
@@ -83,8 +83,10 @@ def unavailable_findings(errors: list[SourceError], settings: Settings) -> list[
         first = source_errors[0].message
         more = f" (+{len(source_errors) - 1} more errors)" if len(source_errors) > 1 else ""
         findings.append(
-            Finding(
+            style.finding(
                 rule_id=f"sources/{source}-unavailable",
+                runbook="sources/source-unavailable",
+                labels={"source": source},
                 cause="source_unavailable",
                 kind="cause",
                 severity=Severity.warning,
@@ -95,8 +97,6 @@ def unavailable_findings(errors: list[SourceError], settings: Settings) -> list[
                     f"Rules that need {source} were not evaluated: the diagnosis is incomplete. "
                     f"Check that {source} is reachable from diagnoser and that its credentials are valid."
                 ),
-                runbook_url=f"{settings.runbook_base_url}sources/source-unavailable.md",
-                labels={**settings.context_labels, "source": source},
             )
         )
     return findings
@@ -196,5 +196,4 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
 
 
 def _service(finding: Finding) -> tuple[str, str]:
-    labels = finding.labels
-    return labels.get("namespace", ""), labels.get("service") or labels.get("job", "")
+    return finding.labels.get("namespace", ""), finding.service

@@ -1,7 +1,9 @@
 """One diagnosis, end to end: build the configured sources, run the probe if asked, evaluate, close.
 
-The CLI's ``diagnose now`` and the daemon's diagnose job both go through :func:`run_diagnosis`,
-so they cannot drift apart. A run has one clock (:class:`~diagnoser.engine.deadline.Deadline`)
+Every command goes through :func:`run_diagnosis`: ``diagnose now``, the daemon's diagnose job
+and its Alertmanager receiver, each step of ``diagnose capacity`` and each case of ``diagnose
+rules test``, so they cannot drift apart (the same sources, silences, coverage, deadline and
+ranking). A run has one clock (:class:`~diagnoser.engine.deadline.Deadline`)
 that the probe, the rules and the metric-name lookup all spend; the signal catalogue and the
 Kubernetes credentials are built once; silences, ranking and coverage are each applied once, in
 :func:`report`. A source that cannot even be built (a kubeconfig that does not parse, a
@@ -20,6 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar, get_args
 
 from diagnoser.config import Settings, check_paths
+from diagnoser.config.parts import FindingStyle
 from diagnoser.engine.coverage import (
     LOOKBACK_S,
     build_coverage,
@@ -136,9 +139,10 @@ def report(
         probe_finished=sources.probe.finished if sources.probe is not None else None,
     )
     # Whether no rule had data does not depend on silences: only a rule with findings is silenced.
-    empty = no_data_finding(coverage, diagnosis.evaluated_at, settings)
+    empty = no_data_finding(coverage, diagnosis.evaluated_at, FindingStyle.from_settings(settings))
     findings = [*diagnosis.findings, *([empty] if empty is not None else [])]
-    kept, silenced = apply_silences(findings, settings.silences, datetime.now(UTC))
+    # One clock: a silence is judged at the instant diagnosed (``--at``), as the rules were.
+    kept, silenced = apply_silences(findings, settings.silences, diagnosis.evaluated_at)
     still_reported = {finding.rule_id for finding in kept}
     coverage = mark_silenced(
         coverage, {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
@@ -193,7 +197,8 @@ async def run_diagnosis(
     try:
         # Kept sources (the daemon's) keep their build errors; this run's probe failure is its own.
         errors = list(built.errors)
-        built.sources.probe = await _probe(probe, errors)
+        if probe is not None or owned:
+            built.sources.probe = await _probe(probe, errors)
         instant = at or datetime.now(UTC)
         # Which metrics exist at the instant: asked alongside the rules, within their deadline.
         names = (

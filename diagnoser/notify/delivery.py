@@ -1,4 +1,10 @@
-"""Delivering the outbox through a :class:`~diagnoser.notify.sender.Sender`: in order, once, never waited for.
+"""Delivering the outbox through each :class:`~diagnoser.notify.sender.Receiver`: in order, once, unwaited.
+
+One delivery per receiver (``notify.receivers``), each over that receiver's rows of the outbox
+(:meth:`~diagnoser.daemon.state.StateStore.outbox_for`): a receiver that is down, slow or
+refusing holds only its own queue. The receiver renders each entry into its own message type
+and says what it can do (:class:`~diagnoser.notify.sender.Capabilities`); what follows is said
+in Slack's terms, the richest receiver, and holds for every one within its capabilities.
 
 The daemon's *outbox* job calls :meth:`OutboxDelivery.flush`; the diagnose job only queues (in
 the state store, in the transaction that decides what to say) and wakes the job up, so a slow,
@@ -33,7 +39,8 @@ in its thread (:func:`~diagnoser.notify.outbox.render_reply`), or both: the edit
 idempotent), then the reply, which carries the marker. A sender without threads posts only an
 incident's first message and its resolution. ::
 
-    delivery = OutboxDelivery(store, sender, metrics, render_entry, settings.slack)
+    outbox = store.outbox_for(receiver.name)
+    delivery = OutboxDelivery(outbox, receiver, metrics, settings=settings.notify.delivery)
     await delivery.flush()
 """
 
@@ -46,24 +53,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 
-from diagnoser.config import SlackSettings
+from diagnoser.config import DeliverySettings, SlackSettings
+from diagnoser.errors import SendError, StateError
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry, OutboxStore, render_reply
 from diagnoser.notify.payloads import FindingPayload, IncidentPayload
-from diagnoser.notify.sender import Delivery, Sender
+from diagnoser.notify.sender import Delivery, Receiver, Sender
 from diagnoser.notify.slack import SlackMessage
-from diagnoser.notify.slack_sender import SlackSendError
 
-__all__ = ["DeliveryMetrics", "OutboxDelivery", "backoff_s"]
+__all__ = ["DeliveryMetrics", "FanOut", "OutboxDelivery", "backoff_s"]
 
 log = logging.getLogger(__name__)
 
 _CHANNEL_KEY = "slack_channel_id"
-#: Said in a thread even by a sender without threads (an incoming webhook posts new and resolved).
-_WITHOUT_THREADS = frozenset({NotificationKind.resolved})
 
 
 class DeliveryMetrics(Protocol):
@@ -87,9 +92,34 @@ class _Plan:
     """What one entry does: edit its incident's message, post (top level or in a thread), or both."""
 
     edit_ts: str | None
-    edited: SlackMessage | None
-    post: SlackMessage | None
+    edited: Any
+    post: Any
     thread_ts: str | None
+
+
+class _Rendered:
+    """A plain :class:`Sender` of Slack messages given its renderer (how deliveries were built
+    before receivers rendered for themselves)."""
+
+    def __init__(self, sender: Sender[Any], render: Callable[[OutboxEntry], SlackMessage]) -> None:
+        self.sender = sender
+        self.name = "Slack"
+        self.render = render
+        self.render_reply = render_reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sender, name)
+
+    @property
+    def channel_id(self) -> str | None:
+        return self.sender.channel_id
+
+    @channel_id.setter
+    def channel_id(self, value: str | None) -> None:
+        self.sender.channel_id = value
+
+    def plain(self, message: SlackMessage) -> SlackMessage:
+        return SlackMessage(message.text)
 
 
 def backoff_s(
@@ -102,23 +132,27 @@ def backoff_s(
 
 
 class OutboxDelivery:
-    """Sends due outbox entries through a :class:`Sender`; see the module docstring."""
+    """Sends due outbox entries through a :class:`Receiver`; see the module docstring.
+
+    ``render``: for a plain :class:`Sender` of Slack messages, its renderer (the receiver's own
+    otherwise); ``settings``: the delivery's knobs (``notify.delivery``).
+    """
 
     def __init__(
         self,
         state: OutboxStore,
-        sender: Sender,
+        sender: Receiver[Any] | Sender[Any],
         metrics: DeliveryMetrics,
-        render: Callable[[OutboxEntry], SlackMessage],
-        settings: SlackSettings,
+        render: Callable[[OutboxEntry], SlackMessage] | None = None,
+        settings: DeliverySettings | SlackSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
-        self.sender = sender
+        receiver: Any = _Rendered(sender, render) if render is not None else sender
+        self.sender: Receiver[Any] = receiver
         self.metrics = metrics
-        self.render = render
-        self.settings = settings
+        self.settings = settings or DeliverySettings()
         self.clock = clock
         self._dead_checked = clock()
         if sender.channel_id is None:
@@ -175,13 +209,14 @@ class OutboxDelivery:
         try:
             await self._edit(entry, plan)
             delivery, new_thread = await self._post(entry, plan.post, plan.thread_ts, marker)
-        except SlackSendError as exc:
+        except SendError as exc:
             return self._failed(entry, exc)
         self._delivered(entry, delivery, starts_thread=new_thread)
         return True
 
     def _plan(self, entry: OutboxEntry, incident: IncidentThread | None) -> _Plan:
-        caps = self.sender.capabilities
+        receiver = self.sender
+        caps = receiver.capabilities
         kind = entry.kind
         payload = entry.payload
         thread = incident.thread_ts if incident is not None and caps.threads else None
@@ -189,19 +224,19 @@ class OutboxDelivery:
             # A report, or an entry an older version queued about one finding.
             if caps.threads and entry.fingerprint and kind is not NotificationKind.new:
                 thread = self.state.thread_of(entry.fingerprint)[1]
-            return _Plan(None, None, self.render(entry), thread)
+            return _Plan(None, None, receiver.render(entry), thread)
         if kind is NotificationKind.digest:
-            return _Plan(None, None, self.render(entry), None)
+            return _Plan(None, None, receiver.render(entry), None)
         assert incident is not None
         if kind is NotificationKind.new:
             in_digest = isinstance(payload, IncidentPayload) and payload.in_digest
-            return _Plan(None, None, self.render(entry), thread if in_digest else None)
+            return _Plan(None, None, receiver.render(entry), thread if in_digest else None)
         if kind is NotificationKind.alert_report:
-            return _Plan(None, None, self.render(entry), thread)
+            return _Plan(None, None, receiver.render(entry), thread)
         edit_ts = incident.message_ts if caps.update else None
-        edited = self.render(entry) if edit_ts else None
-        reply = render_reply(entry)
-        if reply is not None and not caps.threads and kind not in _WITHOUT_THREADS:
+        edited = receiver.render(entry) if edit_ts else None
+        reply = receiver.render_reply(entry)
+        if reply is not None and not caps.threads and kind.value not in caps.without_threads:
             reply = None
         return _Plan(edit_ts, edited, reply, thread)
 
@@ -211,7 +246,7 @@ class OutboxDelivery:
             return
         try:
             await self.sender.update(plan.edited, ts=plan.edit_ts)
-        except SlackSendError as exc:
+        except SendError as exc:
             if not exc.permanent:
                 raise
             log.warning("cannot edit the message of entry %d (%s); its thread still tells", entry.id, exc)
@@ -219,21 +254,21 @@ class OutboxDelivery:
     async def _edit_only(self, entry: OutboxEntry, plan: _Plan) -> bool:
         try:
             await self._edit(entry, plan)
-        except SlackSendError as exc:
+        except SendError as exc:
             return self._failed(entry, exc)
         self._delivered(entry, Delivery(self.sender.channel_id, None))
         return True
 
     async def _post(
-        self, entry: OutboxEntry, message: SlackMessage, thread_ts: str | None, marker: str
+        self, entry: OutboxEntry, message: Any, thread_ts: str | None, marker: str
     ) -> tuple[Delivery, bool]:
         try:
             return await self.sender.post(message, thread_ts=thread_ts, marker=marker), False
-        except SlackSendError as exc:
+        except SendError as exc:
             if exc.layout:
                 # Slack refused the layout: the plain text still tells the story.
                 log.warning("Slack refused the blocks of entry %d (%s); sending text only", entry.id, exc)
-                text_only = SlackMessage(message.text)
+                text_only = self.sender.plain(message)
                 return await self.sender.post(text_only, thread_ts=thread_ts, marker=marker), False
             if exc.error == "thread_not_found" and thread_ts:
                 log.warning(
@@ -253,20 +288,26 @@ class OutboxDelivery:
         channel = self.sender.channel_id
         if channel and self.state.recall(_CHANNEL_KEY) != channel:
             self.state.remember(_CHANNEL_KEY, channel)
-        log.info("notified", extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts})
+        log.info(
+            "notified",
+            extra={"kind": entry.kind.value, "entry": entry.id, "ts": delivery.ts,
+                   "receiver": self.sender.name},
+        )
 
     def _dead_letter(self, entry: OutboxEntry, error: str, *, reason: str) -> None:
         self.state.dead_letter(entry.id, error, reason=reason, now=self.clock())
         self.metrics.notifications_dead_lettered.labels(entry.kind.value, reason).inc()
 
-    def _failed(self, entry: OutboxEntry, exc: SlackSendError) -> bool:
+    def _failed(self, entry: OutboxEntry, exc: SendError) -> bool:
         self.metrics.notifications_failed.labels(entry.kind.value).inc()
         if exc.permanent:
             log.error(
-                "dead-lettered outbox entry %d: Slack refused it for good: %s",
+                "dead-lettered outbox entry %d: %s refused it for good: %s",
                 entry.id,
+                self.sender.name,
                 exc,
-                extra={"kind": entry.kind.value, "reason": exc.error or "refused"},
+                extra={"kind": entry.kind.value, "reason": exc.error or "refused",
+                       "receiver": self.sender.name},
             )
             self._dead_letter(entry, str(exc), reason=exc.error or "refused")
             return True
@@ -275,9 +316,11 @@ class OutboxDelivery:
         delay = exc.retry_after + random.random() if exc.retry_after is not None else self._backoff(attempts)
         self.state.attempt_failed(entry.id, str(exc), retry_at=self.clock() + delay, in_doubt=exc.in_doubt)
         log.warning(
-            "notification queued until Slack answers: %s",
+            "notification queued until %s answers: %s",
+            self.sender.name,
             exc,
             extra={
+                "receiver": self.sender.name,
                 "entry": entry.id,
                 "kind": entry.kind.value,
                 "attempts": attempts,
@@ -309,7 +352,7 @@ class OutboxDelivery:
             if found is None and thread_ts is not None:
                 # A reply whose thread was lost is reposted at top level: look there too.
                 found = await self.sender.find_posted(entry.marker, thread_ts=None, since=since)
-        except SlackSendError as exc:
+        except SendError as exc:
             if exc.permanent:
                 log.warning(
                     "cannot check whether outbox entry %d reached Slack (%s: the token needs channels:history"
@@ -345,3 +388,20 @@ class OutboxDelivery:
         retry_at = max(retry_at, self.clock() + 0.05)
         self.state.attempt_failed(entry.id, f"in doubt: {why}", retry_at=retry_at, in_doubt=True)
         return _Lookup.wait
+
+
+class FanOut:
+    """Every receiver's delivery in turn: each has its own rows, so one that must wait (or
+    breaks) holds only its own queue; a failure of the state file stops them all."""
+
+    def __init__(self, deliveries: list[OutboxDelivery]) -> None:
+        self.deliveries = deliveries
+
+    async def flush(self) -> None:
+        for delivery in self.deliveries:
+            try:
+                await delivery.flush()
+            except StateError:
+                raise
+            except Exception:  # one receiver's bug must not silence the others
+                log.exception("delivering to %s failed; the other receivers go on", delivery.sender.target)

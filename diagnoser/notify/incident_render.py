@@ -47,8 +47,7 @@ def duration_text(seconds: float) -> str:
 
 
 def _where(finding: Finding) -> str:
-    labels = finding.labels
-    return labels.get("service") or labels.get("job") or labels.get("namespace") or ""
+    return finding.service or finding.labels.get("namespace", "")
 
 
 def incident_header(view: IncidentView) -> str:

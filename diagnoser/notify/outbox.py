@@ -56,6 +56,8 @@ class OutboxEntry:
     attempt_started_at: float | None = None
     last_error: str | None = None
     incident_id: int | None = None
+    #: The receiver it is for (``None``: the first, or the only sender).
+    receiver: str | None = None
     _parsed: list[Payload] = field(default_factory=list, compare=False, repr=False)
 
     @property

@@ -1,11 +1,13 @@
-"""The one protocol every notification sender implements, and the rate every channel is held to.
+"""The one protocol every receiver's sender implements, and the rate every channel is held to.
 
-A sender posts a rendered message (into a thread when it has threads), edits one it posted
-(when it can), and finds a post again by its marker (when it can read the channel back): the
-outbox delivery (:mod:`diagnoser.notify.delivery`) asks its :class:`Capabilities` and never
-which service it is. Implemented by :class:`~diagnoser.notify.slack_sender.SlackSender` (bot
-token: everything; incoming webhook: post only) and
-:class:`~diagnoser.notify.webhook_sender.JsonWebhookSender` (any receiver of JSON). ::
+A sender posts a message of its integration's own type (into a thread when it has threads),
+edits one it posted (when it can), and finds a post again by its marker (when it can read the
+channel back): the outbox delivery (:mod:`diagnoser.notify.delivery`) asks its
+:class:`Capabilities` and never which service it is. A :class:`Receiver` is a sender that also
+renders an outbox entry into its own message type (a pure function): Slack's Block Kit
+(:mod:`diagnoser.notify.receivers.slack`), the JSON webhook's object
+(:mod:`diagnoser.notify.receivers.webhook`), PagerDuty's Events v2 event
+(:mod:`diagnoser.notify.receivers.pagerduty`). Every failure is a :class:`SendError`. ::
 
     delivery = await sender.post(message, thread_ts=None, marker="dgn-1-a1b2")
     if sender.capabilities.update:
@@ -22,15 +24,20 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from diagnoser.errors import SlackSendError
-from diagnoser.notify.slack import SlackMessage
+from diagnoser.errors import SendError
 
-__all__ = ["Capabilities", "Delivery", "SendError", "Sender", "TokenBucket"]
+if TYPE_CHECKING:
+    from diagnoser.notify.outbox import OutboxEntry
 
-#: A failed send, classified (permanent, retry_after, in_doubt); one type for every sender.
-SendError = SlackSendError
+__all__ = [
+    "Capabilities", "Delivery", "HttpAnswer", "Receiver", "SendError", "Sender", "TokenBucket", "post_json",
+]  # fmt: skip
+
+#: A receiver's own message type (Slack's blocks, a webhook's JSON, a PagerDuty event).
+M = TypeVar("M")
+M_contra = TypeVar("M_contra", contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,12 @@ class Capabilities:
     update: bool = False
     #: A post whose answer never came can be looked for (exactly-once delivery).
     read_back: bool = False
+    #: Changes said (as a new message) even without threads: by default only the resolution.
+    without_threads: frozenset[str] = frozenset({"resolved"})
 
 
-class Sender(Protocol):
-    """Post, update, reply (``thread_ts``) and find a post again; raise :data:`SendError`."""
+class Sender(Protocol[M_contra]):
+    """Post, update, reply (``thread_ts``) and find a post again; raise :class:`SendError`."""
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -68,12 +77,29 @@ class Sender(Protocol):
     channel_id: str | None
 
     async def post(
-        self, message: SlackMessage, *, thread_ts: str | None = None, marker: str | None = None
+        self, message: M_contra, *, thread_ts: str | None = None, marker: str | None = None
     ) -> Delivery: ...
 
-    async def update(self, message: SlackMessage, *, ts: str, channel: str | None = None) -> Delivery: ...
+    async def update(self, message: M_contra, *, ts: str, channel: str | None = None) -> Delivery: ...
 
     async def find_posted(self, marker: str, *, thread_ts: str | None, since: float) -> Delivery | None: ...
+
+
+class Receiver(Sender[M], Protocol[M]):
+    """A named sender that renders outbox entries into its own message type (pure functions).
+
+    ``render``: an incident's own message (posted first, edited after), a digest, a report;
+    ``render_reply``: what a change says in its thread; ``plain``: the message without its rich
+    layout, for a service that refused the layout. ``None``: this receiver says nothing of it.
+    """
+
+    name: str
+
+    def render(self, entry: OutboxEntry) -> M | None: ...
+
+    def render_reply(self, entry: OutboxEntry) -> M | None: ...
+
+    def plain(self, message: M) -> M: ...
 
 
 class TokenBucket:
@@ -110,3 +136,33 @@ class TokenBucket:
                 await self._sleep((1 - self._tokens) / self.rate)
                 self._refill()
             self._tokens -= 1
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What a JSON-over-HTTP receiver answered: its status, the start of its body, ``Retry-After``."""
+
+    status: int
+    text: str
+    retry_after: str | None
+
+
+async def post_json(
+    url: str, body: Any, *, timeout_s: float, error: type[SendError], what: str, keep: int = 500
+) -> HttpAnswer:
+    """POST ``body`` as JSON; a connection that fails is ``error`` (``in_doubt`` once the request
+    may have been sent), any answer is returned for the receiver to judge."""
+    import aiohttp  # the HTTP client loads only where a receiver sends
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, json=body) as response,
+        ):
+            text = (await response.text())[:keep]
+            return HttpAnswer(response.status, text, response.headers.get("Retry-After"))
+    except aiohttp.ClientConnectorError as exc:
+        raise error(f"{what} unreachable: {type(exc).__name__}") from exc
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise error(f"{what} unreachable: {type(exc).__name__}: {exc}", in_doubt=True) from exc

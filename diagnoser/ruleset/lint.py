@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import string
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from diagnoser.config import Settings
@@ -23,8 +25,13 @@ from diagnoser.errors import PromqlSyntaxError
 from diagnoser.models import SourceError
 from diagnoser.promql import format_duration, grouping_labels, metric_names, short_subqueries
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable, optional_clauses, resolve_placeholders
-from diagnoser.signals import load_catalogue
+from diagnoser.ruleset.templating import (
+    MissingVariable,
+    RuleVariables,
+    optional_clauses,
+    resolve_placeholders,
+)
+from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.signals.expand import grouping_labels_of
 from diagnoser.sources.prometheus import PrometheusSource
 
@@ -41,13 +48,32 @@ _SIGNAL_LABELS = {"service", "job"}
 _SCRAPE_DEPENDENT = {"namespace", "pod", "container", "node"}
 
 
+@dataclass(frozen=True)
+class _Lint:
+    """What linting reads of the settings, taken once: the rules' variables and the catalogue."""
+
+    variables: RuleVariables
+    signals: Mapping[str, str]
+    catalogue: Catalogue
+
+    @classmethod
+    def of(cls, settings: Settings) -> _Lint:
+        # An unset signal still gets a syntactically valid metric name, so its query is checked too.
+        signals = {"queue_length": "diagnoser_lint_unset_signal", **settings.signals}
+        catalogue = load_catalogue(tuple(settings.signal_files))
+        return cls(RuleVariables.from_settings(settings), signals, catalogue)
+
+    def variables_of(self, rule: Rule) -> dict[str, object]:
+        return rule.variables(self.variables, signals=self.signals)
+
+
 def lint_static(ruleset: RuleSet, settings: Settings) -> list[str]:
     """Problems found without a Prometheus, one line each naming file, rule and field."""
-    catalogue = load_catalogue(tuple(settings.signal_files))
-    catalogue_metrics = catalogue.metric_names()
+    lint = _Lint.of(settings)
+    catalogue_metrics = lint.catalogue.metric_names()
     problems: list[str] = []
     for rule in ruleset:
-        for where, query in _raw_queries(rule, settings):
+        for where, query in _raw_queries(rule, lint):
             try:
                 named = sorted(metric_names(query) & catalogue_metrics)
             except PromqlSyntaxError as exc:
@@ -63,21 +89,21 @@ def lint_static(ruleset: RuleSet, settings: Settings) -> list[str]:
                     f"{where}: names {', '.join(named)} directly: refer to the signal instead "
                     "(signals/*.yaml) so that every naming convention is covered"
                 )
-        problems.extend(_missing_placeholders(rule, settings))
+        problems.extend(_missing_placeholders(rule, lint))
     return problems
 
 
-def _raw_queries(rule: Rule, settings: Settings) -> list[tuple[str, str]]:
-    return [(where, query) for where, query, kind in rule_queries(rule, settings) if kind != "signal"]
+def _raw_queries(rule: Rule, lint: _Lint) -> list[tuple[str, str]]:
+    return [(where, query) for where, query, kind in _queries(rule, lint) if kind != "signal"]
 
 
-def _first_labels(rule: Rule, settings: Settings) -> set[str] | None:
+def _first_labels(rule: Rule, lint: _Lint) -> set[str] | None:
     """Labels the first condition's rows are sure to have; ``None`` when unknown (not PromQL)."""
     first: Condition = rule.when[0]
     if first.kind.name not in ("signal", "promql") or not isinstance(first.raw_params, dict):
         return None
     try:
-        params = resolve_placeholders(dict(first.raw_params), _variables(rule, settings))
+        params = resolve_placeholders(dict(first.raw_params), lint.variables_of(rule))
     except MissingVariable:
         return None
     query = params.get("query")
@@ -101,8 +127,8 @@ def _template(alternative: object) -> str:
     return str(alternative)
 
 
-def _missing_placeholders(rule: Rule, settings: Settings) -> list[str]:
-    labels = _first_labels(rule, settings)
+def _missing_placeholders(rule: Rule, lint: _Lint) -> list[str]:
+    labels = _first_labels(rule, lint)
     if labels is None:
         return []
     named = {c.name for c in (*rule.when, *rule.evidence) if c.name}
@@ -127,7 +153,8 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
     """One line per query that the configured Prometheus rejects, naming file, rule and field."""
     source = PrometheusSource(settings.prometheus, metric_overrides=settings.metrics)
     try:
-        checks = [(where, query) for rule in ruleset for where, query, _ in rule_queries(rule, settings)]
+        lint = _Lint.of(settings)
+        checks = [(where, query) for rule in ruleset for where, query, _ in _queries(rule, lint)]
         now = datetime.now(UTC)
         # One question first: a Prometheus that cannot be reached (or is not one) is one problem,
         # not one per query.
@@ -146,8 +173,11 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
 
 def rule_queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
     """``(where, PromQL, kind)`` for every query a rule can send; signals under every convention."""
-    variables = _variables(rule, settings)
-    catalogue = load_catalogue(tuple(settings.signal_files))
+    return _queries(rule, _Lint.of(settings))
+
+
+def _queries(rule: Rule, lint: _Lint) -> list[tuple[str, str, str]]:
+    variables, catalogue = lint.variables_of(rule), lint.catalogue
     found: list[tuple[str, str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):
         for index, condition in enumerate(conditions):
@@ -165,9 +195,3 @@ def rule_queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
                 else:
                     found.append((where + alternative, query, kind))
     return found
-
-
-def _variables(rule: Rule, settings: Settings) -> dict[str, object]:
-    # An unset signal still gets a syntactically valid metric name, so its query is checked too.
-    unset = {"queue_length": "diagnoser_lint_unset_signal"}
-    return rule.variables(settings, signals={**unset, **settings.signals})

@@ -12,6 +12,7 @@ problem, so one bad file never hides or stops the others::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -23,7 +24,7 @@ from diagnoser.checks import CheckKind, check_kinds
 from diagnoser.errors import ConfigError, RuleProblem
 from diagnoser.models import CAUSES, SYMPTOMS
 from diagnoser.ruleset.schema import NAME_PATTERN, Condition, Rule, RuleFile, RuleSet, resolve_condition
-from diagnoser.ruleset.templating import MissingVariable, variables_for
+from diagnoser.ruleset.templating import MissingVariable, RuleVariables
 from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.yamlfile import read_yaml
 
@@ -96,13 +97,19 @@ def load_rule_file(path: Path, rule_id: str, catalogue: Catalogue | None = None)
     spec = _rule_file(path, problem)
     problems: list[RuleProblem] = []
     known = SYMPTOMS if spec.kind == "symptom" else CAUSES
-    if spec.cause not in known:
-        problems.append(
-            problem("cause", f"unknown {spec.kind} {spec.cause!r}; known: {', '.join(sorted(known))}")
-        )
+    if spec.new_cause and (spec.kind == "symptom" or spec.cause in CAUSES | SYMPTOMS):
+        problems.append(problem(
+            "new_cause", f"{spec.cause!r} is already in the vocabulary (or a symptom): drop new_cause"
+        ))  # fmt: skip
+    elif spec.cause not in known and not spec.new_cause:
+        declare = " (or declare it: new_cause: <what it means>)" if spec.kind == "cause" else ""
+        known_text = ", ".join(sorted(known))
+        problems.append(problem("cause", f"unknown {spec.kind} {spec.cause!r}{declare}; known: {known_text}"))
+    elif spec.new_cause and not re.fullmatch(r"[a-z][a-z0-9_]{1,62}", spec.cause):
+        problems.append(problem("cause", f"{spec.cause!r}: a new cause is snake_case (queue_backlog)"))
     kinds = check_kinds()
     # Placeholders are checked against defaults now, and resolved for real at evaluation time.
-    defaults = variables_for(slo_p99_ms=500.0, slo_error_ratio=0.01, signals={}, params=spec.params)
+    defaults = RuleVariables().for_rule("", spec.params)
     conditions: dict[str, list[Condition]] = {"when": [], "evidence": []}
     for section, raws in (("when", spec.when), ("evidence", spec.evidence)):
         for index, raw in enumerate(raws):
@@ -155,6 +162,7 @@ def _rule(path: Path, rule_id: str, spec: RuleFile, when: list[Condition], evide
         runbook_path=runbook if runbook.exists() else None,
         yields_to=tuple(spec.yields_to),
         require=tuple(spec.require),
+        new_cause=spec.new_cause,
     )
 
 

@@ -19,10 +19,9 @@ from diagnoser.checks import CheckKind
 from diagnoser.errors import RuleProblem
 from diagnoser.models import CAUSES, SYMPTOMS, Severity
 from diagnoser.ruleset.expressions import ExpressionError, parse_expression
-from diagnoser.ruleset.templating import resolve_placeholders, variables_for
+from diagnoser.ruleset.templating import RuleVariables, resolve_placeholders
 
 if TYPE_CHECKING:
-    from diagnoser.config import Settings
     from diagnoser.signals import Catalogue
 
 __all__ = ["NAME_PATTERN", "Condition", "Rule", "RuleFile", "RuleSet", "resolve_condition"]
@@ -42,6 +41,9 @@ class RuleFile(BaseModel):
     title: str = Field(min_length=1)
     summary: str = Field(min_length=1)
     description: str = ""
+    #: What this cause means, in one line: declares a cause the shipped vocabulary does not have
+    #: (a rule directory's own; listed by ``rules list``).
+    new_cause: str = ""
     explains: list[str] = Field(default_factory=list)
     params: dict[str, Any] = Field(default_factory=dict)
     when: list[dict[str, Any]] = Field(min_length=1)
@@ -128,6 +130,8 @@ class Rule:
     runbook_path: Path | None
     yields_to: tuple[str, ...] = ()
     require: tuple[str, ...] = ()
+    #: The meaning of a cause this rule declares (``new_cause:``), else ``""``.
+    new_cause: str = ""
 
     @property
     def family(self) -> str:
@@ -141,20 +145,15 @@ class Rule:
     def runbook_url(self, base_url: str) -> str:
         return f"{base_url}{self.id}.md"
 
-    def params_for(self, settings: Settings) -> dict[str, Any]:
+    def params_for(self, variables: RuleVariables) -> dict[str, Any]:
         """The rule's parameters: its defaults, overridden by ``rule_params.<id>`` in config."""
-        return {**self.params, **settings.rule_params.get(self.id, {})}
+        return variables.params_for(self.id, self.params)
 
-    def variables(self, settings: Settings, *, signals: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def variables(
+        self, variables: RuleVariables, *, signals: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """The ``${...}`` namespace this rule's conditions are resolved in."""
-        return variables_for(
-            slo_p99_ms=settings.slo.p99_ms,
-            slo_error_ratio=settings.slo.error_ratio,
-            signals=settings.signals if signals is None else signals,
-            params=self.params_for(settings),
-            window=settings.window,
-            confirm_window=settings.effective_confirm_window,
-        )
+        return variables.for_rule(self.id, self.params, signals=signals)
 
 
 @dataclass

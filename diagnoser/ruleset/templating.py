@@ -17,13 +17,19 @@ import math
 import re
 import string
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from diagnoser.config.sections import SloSettings
 from diagnoser.errors import MissingVariable
+
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
 
 __all__ = [
     "MISSING_TEXT",
     "MissingVariable",
+    "RuleVariables",
     "format_text",
     "optional_clauses",
     "resolve_placeholders",
@@ -84,6 +90,67 @@ def variables_for(
     variables.update({f"signals.{name}": metric for name, metric in signals.items()})
     variables.update({f"params.{name}": value for name, value in params.items()})
     return variables
+
+
+_SLO = SloSettings()
+
+
+@dataclass(frozen=True)
+class RuleVariables:
+    """What a rule's ``${...}`` placeholders and templates resolve from: the part of the settings
+    rules see, taken once per run (:meth:`from_settings`), never the whole settings.
+
+    The defaults are the settings' own, so a rule loaded without settings (placeholders checked
+    at load time) sees what an empty config gives. ::
+
+        variables = RuleVariables.from_settings(settings)
+        namespace = variables.for_rule(rule.id, rule.params)   # {"slo.p99_ms": 500.0, ...}
+    """
+
+    slo_p99_ms: float = _SLO.p99_ms
+    slo_error_ratio: float = _SLO.error_ratio
+    window: str = "5m"
+    confirm_window: str = "2m"
+    signals: Mapping[str, str] = field(default_factory=dict)
+    #: ``rule_params``: per rule id, overrides of its parameters.
+    rule_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RuleVariables:
+        return cls(
+            slo_p99_ms=settings.slo.p99_ms,
+            slo_error_ratio=settings.slo.error_ratio,
+            window=settings.window,
+            confirm_window=settings.effective_confirm_window,
+            signals=dict(settings.signals),
+            rule_params={k: dict(v) for k, v in settings.rule_params.items()},
+        )
+
+    def params_for(self, rule_id: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """A rule's parameters: its defaults, overridden by ``rule_params.<id>``."""
+        return {**defaults, **self.rule_params.get(rule_id, {})}
+
+    def for_rule(
+        self, rule_id: str, defaults: Mapping[str, Any], *, signals: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The ``${...}`` namespace of one rule (``signals``: in place of the configured ones)."""
+        return variables_for(
+            slo_p99_ms=self.slo_p99_ms,
+            slo_error_ratio=self.slo_error_ratio,
+            signals=self.signals if signals is None else signals,
+            params=self.params_for(rule_id, defaults),
+            window=self.window,
+            confirm_window=self.confirm_window,
+        )
+
+    def template_values(self) -> dict[str, Any]:
+        """What every finding's templates can name besides its own values."""
+        return {
+            "slo.p99_ms": self.slo_p99_ms,
+            "slo.error_ratio": self.slo_error_ratio,
+            "window": self.window,
+            "confirm_window": self.confirm_window,
+        }
 
 
 class _LenientFormatter(string.Formatter):

@@ -37,10 +37,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.config import Settings, load_settings
-from diagnoser.engine import diagnose
-from diagnoser.engine.run import catalogue_of, load_ruleset
+from diagnoser.engine.run import BuiltSources, catalogue_of, load_ruleset, run_diagnosis
 from diagnoser.errors import ConfigError
-from diagnoser.models import Diagnosis, Finding
+from diagnoser.models import Coverage, Diagnosis, Finding
 from diagnoser.promql import duration_seconds
 from diagnoser.ruleset import Rule, RuleSet, load_rules
 from diagnoser.sources import Sources
@@ -141,6 +140,8 @@ class CaseResult:
     rule: str
     eval_time: str
     problems: list[str] = field(default_factory=list)
+    #: What was checked at the instant, as ``diagnose now --at`` reports it (the same pipeline).
+    coverage: Coverage | None = None
 
     @property
     def passed(self) -> bool:
@@ -287,7 +288,12 @@ async def _run_case(plan: _PlannedGroup, test: FindingTest, source: PrometheusSo
         loaded = ", ".join(sorted(plan.rules.rules)) or "none"
         result.problems.append(f"no rule {test.rule!r} in the rules under test (loaded: {loaded})")
         return result
-    diagnosis = await diagnose(selected, plan.settings, Sources(prometheus=source), at=at)
+    # The pipeline of ``diagnose now``: the same coverage, silences and ranking.
+    chosen = RuleSet(rules={rule.id: rule for rule in selected})
+    diagnosis = await run_diagnosis(
+        plan.settings, rules=chosen, at=at, sources=BuiltSources(Sources(prometheus=source))
+    )
+    result.coverage = diagnosis.coverage
     result.problems.extend(f"source error: {e}" for e in diagnosis.errors)
     if test.rule == "*":
         if test.exp_findings:

@@ -151,6 +151,8 @@ CASES = [
     Case("capacity-max-steps-zero", (*CAP, "--max-steps", "0"), "--max-steps"),
     # -- choices and formats ----------------------------------------------------------------------
     Case("serve-log-level-loud", (*SERVE, "--log-level", "LOUD"), "--log-level"),
+    Case("serve-receiver-type", (*SERVE, "--config", "{tmp}/receiver.yaml"), "type 'pagerdooty' is not one of"),
+    Case("serve-receiver-no-channel", (*SERVE, "--config", "{tmp}/receiver-channel.yaml"), "(oncall)"),
     Case("serve-log-format-xml", (*SERVE, "--log-format", "xml"), "--log-format"),
     Case("now-format-xml", (*NOW, "--format", "xml"), "--format"),
     Case("now-severity-loud", (*NOW, "--severity", "loud"), "severity"),
@@ -298,6 +300,8 @@ FILES: dict[str, bytes] = {
     "typo.yaml": b"promethus:\n  url: http://127.0.0.1:9/\n",
     "probe-typo.yaml": b"target: http://127.0.0.1:9/\nrat: 5\n",
     "bad-rename.yaml": b"metrics:\n  redis_connected_clients: 'redis clients{'\n",
+    "receiver.yaml": b"notify:\n  receivers: [{name: pager, type: pagerdooty, routing_key: k}]\n",
+    "receiver-channel.yaml": b"notify:\n  receivers: [{name: oncall, type: slack, token: xoxb-1}]\n",
     "bad-signal.yaml": b"signals:\n  queue_length: 'sum(rate(jobs_total[5m]'\n",
     "window.yaml": b"window: 5 minutes\n",
     "latin1-signals.yaml": b"signal_files: [latin1-signal.yaml]\n",

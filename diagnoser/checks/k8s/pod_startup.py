@@ -28,11 +28,18 @@ from diagnoser.checks.k8s.common import (
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
-from diagnoser.sources.kubernetes.objects import condition, parse_time, percentile, workload_of
+from diagnoser.sources.kubernetes.objects import (
+    condition,
+    go_duration_seconds,
+    parse_time,
+    percentile,
+    workload_of,
+)
 
 __all__ = ["PodStartupParams", "pod_startup"]
 
-_PULLED = re.compile(r'Successfully pulled image "[^"]+" in ([\d.]+)(ms|s)')
+#: The kubelet's message; the time is a Go duration (``350ms``, ``2.5s``, ``1m2.345s``).
+_PULLED = re.compile(r'Successfully pulled image "[^"]+" in ([0-9.]+[0-9a-z\u00b5\u03bc.]*)')
 
 #: (namespace, workload kind, workload name)
 _Workload = tuple[str, str, str]
@@ -119,6 +126,7 @@ def _pull_durations(
     for event, _ in recent_events(events, frozenset({"Pulled"}), start, "Pod"):
         match = _PULLED.search(str(event.get("message", "")))
         owner = pod_workload.get(involved(event))
-        if match and owner:
-            pulls[owner].append(float(match.group(1)) / (1000.0 if match.group(2) == "ms" else 1.0))
+        took = go_duration_seconds(match.group(1)) if match else None
+        if took is not None and owner:
+            pulls[owner].append(took)
     return pulls

@@ -1,0 +1,141 @@
+"""The JSON webhook receiver (``type: webhook``): every notification POSTed as one JSON object.
+
+For a receiver that is not Slack (an incident tool, a chat bridge, a queue's HTTP gateway). The
+body is ``{"text", "blocks", "marker", "thread_ts", "updates"}``: ``text`` is the plain message,
+``blocks`` the Slack layout (ignored by receivers that do not want it), ``marker`` the
+notification's id (stable across retries, so a receiver can drop a repeat), and ``updates`` the
+``ts`` of a message this one replaces (an edit). It has no threads nor read-back; an edit is a
+new POST naming what it replaces. A 2xx is delivered; 429 (with ``Retry-After``) and 5xx are
+retried; any other 4xx is a refusal. ::
+
+    notify:
+      receivers:
+        - {name: bridge, type: webhook, url: "https://hooks.example/diagnoser"}
+
+    sender = JsonWebhookSender("https://hooks.example/diagnoser", timeout_s=10)
+    await sender.post(WebhookMessage("text"), marker="dgn-1-a1b2")
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import SecretStr, field_validator
+
+from diagnoser.config.sections import http_url
+from diagnoser.errors import WebhookSendError
+from diagnoser.notify.outbox import OutboxEntry, render_entry, render_reply
+from diagnoser.notify.receivers import ReceiverConfig, receiver_type
+from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket, post_json
+from diagnoser.redact import redact_url, scrub
+
+__all__ = ["JsonWebhookSender", "WebhookConfig", "WebhookMessage", "WebhookReceiver", "render_webhook"]
+
+
+class _TextAndBlocks(Protocol):
+    text: str
+    blocks: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class WebhookMessage:
+    """The webhook's message: the plain text and (for receivers that want it) Slack's layout."""
+
+    text: str
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def render_webhook(entry: OutboxEntry, *, reply: bool = False) -> WebhookMessage | None:
+    """The JSON webhook's message for an entry (its reply when ``reply``); pure."""
+    message = render_reply(entry) if reply else render_entry(entry)
+    return None if message is None else WebhookMessage(message.text, message.blocks)
+
+
+class WebhookConfig(ReceiverConfig):
+    url: SecretStr
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: SecretStr) -> SecretStr:
+        http_url(value.get_secret_value(), "webhook URL")
+        return value
+
+
+class JsonWebhookSender:
+    """POSTs each message as JSON to one URL (see the module docstring)."""
+
+    def __init__(
+        self, url: str, *, timeout_s: float = 10.0, messages_per_s: float = 1.0, burst: int = 2
+    ) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.channel_id: str | None = None
+        self._bucket = TokenBucket(messages_per_s, burst)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(threads=False, update=True, read_back=False)
+
+    @property
+    def target(self) -> str:
+        return f"the JSON webhook {redact_url(self.url)}"
+
+    async def post(
+        self, message: _TextAndBlocks, *, thread_ts: str | None = None, marker: str | None = None
+    ) -> Delivery:
+        body = {"text": message.text, "blocks": message.blocks, "marker": marker, "thread_ts": thread_ts}
+        return await self._send(body)
+
+    async def update(self, message: _TextAndBlocks, *, ts: str, channel: str | None = None) -> Delivery:
+        body = {"text": message.text, "blocks": message.blocks, "updates": ts, "marker": None}
+        return await self._send(body)
+
+    async def find_posted(self, marker: str, *, thread_ts: str | None, since: float) -> Delivery | None:
+        raise WebhookSendError("a JSON webhook cannot be read back", permanent=True, error="not_supported")
+
+    async def _send(self, body: dict[str, Any]) -> Delivery:
+        await self._bucket.take()
+        answer = await post_json(self.url, scrub(body), timeout_s=self.timeout_s, error=WebhookSendError,
+                                 what="webhook", keep=200)  # fmt: skip
+        status, text, retry_after = answer.status, answer.text, answer.retry_after
+        if 200 <= status < 300:
+            # Receivers rarely name what they stored: an id of our own stands for it.
+            return Delivery(None, f"webhook-{secrets.token_hex(6)}")
+        wait = None
+        if status == 429 and retry_after is not None:
+            try:
+                wait = max(0.0, float(retry_after))
+            except ValueError:
+                wait = None
+        raise WebhookSendError(
+            f"the webhook answered HTTP {status} {text.strip()}".rstrip(),
+            permanent=400 <= status < 500 and status not in (408, 429),
+            error=f"http_{status}",
+            retry_after=wait,
+            in_doubt=status >= 500,
+        )
+
+
+@receiver_type("webhook", config=WebhookConfig)
+class WebhookReceiver(JsonWebhookSender):
+    """A :class:`JsonWebhookSender` with its name and its renderer."""
+
+    def __init__(self, config: WebhookConfig) -> None:
+        super().__init__(
+            config.url.get_secret_value(),
+            timeout_s=config.timeout_s,
+            messages_per_s=config.messages_per_s,
+            burst=config.message_burst,
+        )
+        self.name = config.name
+
+    def render(self, entry: OutboxEntry) -> WebhookMessage | None:
+        return render_webhook(entry)
+
+    def render_reply(self, entry: OutboxEntry) -> WebhookMessage | None:
+        return render_webhook(entry, reply=True)
+
+    def plain(self, message: WebhookMessage) -> WebhookMessage:
+        return WebhookMessage(message.text)
