@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from diagnoser.testing.series import SeriesSpec
@@ -52,10 +54,10 @@ def test_a_long_incident_repeats_gauges_and_keeps_counters_growing_at_the_incide
     counter = _series(varied, COUNTER)
     assert varied.end_s == 1300.0 + 600 - 15
     assert counter[-1][0] == varied.end_s
-    assert all(b[1] >= a[1] for a, b in zip(counter, counter[1:], strict=False))
+    assert all(b[1] >= a[1] for a, b in itertools.pairwise(counter))
     # 10/s all through the incident, across the repetitions' seams too.
     incident = [p for p in counter if p[0] >= 1300.0]
-    rates = {(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(incident, incident[1:], strict=False)}
+    rates = {(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(incident)}
     assert rates == {10.0}
     assert {v for at, v in _series(varied, GAUGE) if at >= 1300.0} == {5.0}
     assert [at for at, _ in counter] == sorted({at for at, _ in counter})
@@ -65,7 +67,7 @@ def test_a_long_incident_repeats_gauges_and_keeps_counters_growing_at_the_incide
 def test_downsampling_keeps_the_scrapes_on_the_coarser_grid(interval: int) -> None:
     varied = downsampled(_timeline(), interval)
     times = [at for at, _ in _series(varied, GAUGE)]
-    assert times[0] == 1000.0 and {b - a for a, b in zip(times, times[1:], strict=False)} == {float(interval)}
+    assert times[0] == 1000.0 and {b - a for a, b in itertools.pairwise(times)} == {float(interval)}
     assert varied.interval_s == interval
     assert set(_series(varied, COUNTER)) <= set(_series(_timeline(), COUNTER))
 
