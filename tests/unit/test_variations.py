@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -112,3 +113,9 @@ def test_every_variation_changes_a_recorded_bed_and_keeps_its_incident() -> None
         assert any(at > recorded.incident_start_s for _, at, _ in varied.samples)
         if variation.name != "recorded":
             assert varied.samples != recorded.samples, variation.name
+
+
+def test_a_counter_reset_leaves_counts_kept_elsewhere() -> None:
+    # A Kafka group's offsets are the broker's: restarting the exporter does not reset them.
+    recorded = replace(_timeline(), kept_on_restart=frozenset({COUNTER}))
+    assert counter_reset(recorded, at_s=1390.0).samples == recorded.samples
