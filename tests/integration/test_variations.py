@@ -15,6 +15,10 @@ findings must be the same, for the same subject, its first number shared with th
 :data:`TOLERANCE`, and the healthy instant must have nothing at warning or above. No-metadata needs
 no copy of its own: a backfilled Prometheus has no metadata, so every bed here is replayed without
 it (checked below).
+
+Cost (a 2-core machine, little else running): 40 beds from 42 directories, 280 copies, about 5.8
+million samples and 1.5 GB of OpenMetrics; about 90 s, most of it generating and backfilling them,
+and three diagnoses.
 """
 
 from __future__ import annotations
