@@ -32,6 +32,7 @@ from diagnoser.signals.resources import TARGET_LABELS, Resource
 from diagnoser.signals.shapes import (
     LIMIT_WORDS,
     PEER_LABELS,
+    PEER_PORT_LABELS,
     STATUS_LABELS,
     Family,
     families_of,
@@ -356,7 +357,10 @@ def _duration_convention(
         name = f"inferred ({shape}, client side, {peer_how}, {unit_how})"
         note = f"{CAVEAT}; {unit_how}"
         form = Form(metric=family.name, scale=scale, note=note)
+        port = next((label for label in PEER_PORT_LABELS if label in labels), None) if peer else None
         mapped = {"service": "job", **({"peer": peer} if peer else {})}
+        if port:
+            mapped["peer_port"] = port
         return Convention(name=name, title=name, labels=mapped, forms={"dependency.duration": form})
     status = next((label for label in STATUS_LABELS if label in labels), None)
     if where is None:

@@ -15,9 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 __all__ = [
+    "CLIENT_PEER_LABELS",
     "CLIENT_TOKENS",
     "LIMIT_WORDS",
     "PEER_LABELS",
+    "PEER_PORT_LABELS",
     "STATUS_LABELS",
     "Family",
     "families_of",
@@ -36,8 +38,18 @@ STATUS_LABELS = (
     "code",
     "status",
 )
-#: Labels that name the other end of a client call, in the order preferred as ``peer``.
-PEER_LABELS = ("server_address", "net_peer_name", "net_peer_address", "peer_service", "db_system", "host")
+#: Labels that name the other end of a client call, in the order preferred as ``peer``: the
+#: semantic conventions' names first, then the ones services instrumented by hand choose
+#: (client_golang's curried ``upstream``, ``peer``, ``target``), then the vaguer ``host``, ``server``.
+#: Not ``service``: scrapes in Kubernetes put the target's own Service there.
+PEER_LABELS = (
+    "server_address", "net_peer_name", "net_peer_address", "peer_service", "upstream", "peer", "target",
+    "db_system", "host", "server",
+)
+#: Peer labels that make a duration a client's by themselves, whatever its name says.
+CLIENT_PEER_LABELS = PEER_LABELS[:6]
+#: The port beside a peer, where the metric carries one.
+PEER_PORT_LABELS = ("server_port", "net_peer_port")
 CLIENT_TOKENS = frozenset({"client", "outbound", "upstream", "egress"})
 _SERVER_TOKENS = frozenset({"server", "handler", "inbound"})
 _REQUEST_TOKENS = frozenset({"http", "request", "requests", "rpc", "grpc", "api", "handler", "route"})
@@ -195,7 +207,7 @@ def side(family: Family, labels: frozenset[str]) -> str | None:
         return "client"
     if parts & _SERVER_TOKENS:
         return "server"
-    if any(label in labels for label in PEER_LABELS[:4]):
+    if any(label in labels for label in CLIENT_PEER_LABELS):
         return "client"
     return "server" if parts & _REQUEST_TOKENS else None
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.testing.prometheus import default_major
 from diagnoser.testing.rules import CaseResult, load_test_file, run_rule_tests
 from tests.conftest import shared_bed
 
@@ -33,22 +32,7 @@ def results() -> dict[str, CaseResult]:
     }
 
 
-#: Cases whose outcome Prometheus 3's left-open ranges change: at 30 s scrapes a 2m window holds 4
-#: samples, not 5 (a 5m window 10, not 11), so a quantile over the window tolerates one scrape
-#: fewer between two requests and interpolates the boundary differently. Kept failing on 3.x
-#: (strict) until the pool rules count their tolerance from the samples a window holds there.
-LEFT_OPEN_RANGES = {
-    "pools.yaml 'otel pool at its max, one scrape caught a connection between two requests' pools/pool-exhaustion @ 14m",
-    "pools.yaml 'sqlalchemy pool pinned at 5, one scrape caught a connection between two requests'"
-    " pools/pool-exhaustion-inferred @ 19m",
-}
-
-
 @pytest.mark.parametrize("case", _case_ids())
 def test_scenario(case: str, results: dict[str, CaseResult]) -> None:
     result = results[case]
-    if case in LEFT_OPEN_RANGES and default_major() == "3":
-        if result.passed:
-            pytest.fail("passes on Prometheus 3 now: take it out of LEFT_OPEN_RANGES")
-        pytest.xfail("Prometheus 3's left-open ranges: " + "; ".join(result.problems))
     assert result.passed, "\n".join(result.problems)

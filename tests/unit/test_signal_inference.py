@@ -265,6 +265,52 @@ def test_a_client_duration_with_a_peer_label_gives_the_dependency_signal_where_d
     assert missing.lookalikes[0].reason == "no dependency.duration signal in the catalogue"
 
 
+@pytest.mark.parametrize(
+    ("peer_label", "port_label", "expected"),
+    [
+        # client_golang's curried transport wrapper, and services instrumented by hand.
+        ("upstream", None, {"service": "job", "peer": "upstream"}),
+        ("peer", None, {"service": "job", "peer": "peer"}),
+        ("target", None, {"service": "job", "peer": "target"}),
+        ("server_address", "server_port", {"service": "job", "peer": "server_address", "peer_port": "server_port"}),
+    ],
+)
+def test_a_client_duration_names_its_peer_by_any_peer_label(
+    peer_label: str, port_label: str | None, expected: dict[str, str]
+) -> None:
+    extra = (port_label,) if port_label else ()
+    labels = _labels(
+        orders_outbound_request_duration_seconds_count=(peer_label, "code", *extra),
+        orders_outbound_request_duration_seconds_bucket=("le",),
+        orders_outbound_request_duration_seconds_sum=(),
+    )
+    [convention] = recognise(set(labels), {}, labels, load_catalogue(), None).conventions
+    assert convention.labels == expected
+    assert f"peer label {peer_label}" in convention.name
+
+
+def test_an_upstream_label_makes_a_duration_a_clients_whatever_its_name() -> None:
+    labels = _labels(
+        api_request_duration_seconds_count=("upstream", "code"),
+        api_request_duration_seconds_bucket=("le",),
+        api_request_duration_seconds_sum=(),
+    )
+    [convention] = recognise(set(labels), {}, labels, load_catalogue(), None).conventions
+    assert set(convention.forms) == {"dependency.duration"}
+    assert convention.labels["peer"] == "upstream"
+
+
+def test_a_service_label_is_never_taken_for_the_peer() -> None:
+    # In Kubernetes the scrape puts the target's own Service in `service`.
+    labels = _labels(
+        orders_outbound_request_duration_seconds_count=("service", "code"),
+        orders_outbound_request_duration_seconds_bucket=("le",),
+        orders_outbound_request_duration_seconds_sum=(),
+    )
+    [convention] = recognise(set(labels), {}, labels, load_catalogue(), None).conventions
+    assert "peer" not in convention.labels
+
+
 def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None:
     names = {
         "ktor_http_server_requests_seconds_count",
