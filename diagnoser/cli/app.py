@@ -37,7 +37,7 @@ from typer.core import TyperGroup
 
 from diagnoser import promql
 from diagnoser.config import Settings, load_settings
-from diagnoser.engine import load_ruleset
+from diagnoser.engine import RulePack, load_ruleset
 from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError, ExpressionError
 from diagnoser.probe.entry import GrpcRequest, run_event_loop
@@ -395,7 +395,7 @@ def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> 
     if extra_dirs:
         settings = settings.model_copy(update={"rule_dirs": [*settings.rule_dirs, *extra_dirs]})
     try:
-        ruleset = load_ruleset(settings)
+        ruleset = load_ruleset(RulePack.from_settings(settings))
     except ConfigError as exc:
         raise fail(str(exc)) from exc
     for problem in ruleset.problems:
@@ -410,7 +410,7 @@ def check_inputs_or_exit(settings: Settings, *, daemon: bool = False) -> Credent
     Returns the Kubernetes credentials loaded on the way, so the run does not read them again.
     """
     try:
-        return check_inputs(settings, daemon=daemon)
+        return check_inputs(settings.input_paths(daemon=daemon), settings.kubernetes)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
 

@@ -32,8 +32,8 @@ from diagnoser.cli.app import (
     stdout,
 )
 from diagnoser.cli.timeparse import parse_instant
-from diagnoser.config import Settings, configured_sources
-from diagnoser.engine import run_diagnosis
+from diagnoser.config import Settings
+from diagnoser.engine import DiagnosisConfig, run_diagnosis
 from diagnoser.engine.deadline import Deadline
 from diagnoser.engine.run import ProbeSupplier
 from diagnoser.engine.scope import ReportScope
@@ -201,7 +201,7 @@ def now(
     if grpc.given and not probe:
         raise fail("--data, --proto, --import-path and --metadata go with --probe grpc://...")
     prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings, grpc) if probe else None
-    if not [name for name in configured_sources(settings) if name != "probe"] and prepared_probe is None:
+    if not [name for name in settings.configured_sources() if name != "probe"] and prepared_probe is None:
         raise fail(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
             "--slowlog or --probe (or set them in --config)"
@@ -245,7 +245,7 @@ class _Run:
         deadline = Deadline.of_process(self.settings.deadline_s)
         return run_loop(
             run_diagnosis(
-                self.settings,
+                DiagnosisConfig.from_settings(self.settings),
                 rules=self.rules,
                 at=self.instant,
                 probe=probe,
@@ -259,7 +259,7 @@ def _diagnose_with_spinner(run: _Run, prepared_probe: ProbeSupplier | None) -> D
     """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
     if not stderr.is_terminal:
         return run.diagnose(prepared_probe)
-    sources = [name for name in configured_sources(run.settings) if name != "probe"]
+    sources = [name for name in run.settings.configured_sources() if name != "probe"]
     if prepared_probe is not None:
         sources.append("probe")
     evaluating = f"evaluating {len(run.rules)} rules against {', '.join(sources)}"

@@ -30,7 +30,7 @@ from diagnoser.cli.app import (
     load_cli_settings,
     run_loop,
 )
-from diagnoser.config import Settings, configured_sources, parse_listen_address
+from diagnoser.config import Settings, parse_listen_address
 from diagnoser.daemon.logs import configure_logging
 from diagnoser.errors import ConfigError, DiagnoserError
 
@@ -96,7 +96,7 @@ def serve_command(
         _replay(settings.daemon.state_path)
         return
     credentials = check_inputs_or_exit(settings, daemon=True)
-    if not configured_sources(settings):
+    if not settings.configured_sources():
         raise fail(
             "no source configured: set prometheus.url, kubernetes, elasticsearch or "
             "daemon.probe_files (or give --prometheus-url)"

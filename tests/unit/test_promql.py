@@ -30,7 +30,7 @@ from diagnoser.promql import (
     rewrite,
 )
 from diagnoser.ruleset import load_rules
-from diagnoser.ruleset.lint import lint_static, rule_queries
+from diagnoser.ruleset.lint import LintInputs, lint_static, rule_queries
 
 
 def _pack() -> list[tuple[str, str]]:
@@ -38,7 +38,7 @@ def _pack() -> list[tuple[str, str]]:
     ruleset = load_rules([])
     assert ruleset.problems == []
     settings = Settings()
-    return [(where, query) for rule in ruleset for where, query, _ in rule_queries(rule, settings)]
+    return [(where, query) for rule in ruleset for where, query, _ in rule_queries(rule, LintInputs.from_settings(settings))]
 
 
 PACK = _pack()
@@ -173,7 +173,7 @@ def test_lint_names_the_rule_whose_query_does_not_parse(tmp_path: Path) -> None:
         "when:\n  - promql: {query: 'sum(rate(x_total[5m])'}\n",
         encoding="utf-8",
     )
-    problems = lint_static(load_rules([tmp_path], include_builtin=False), Settings())
+    problems = lint_static(load_rules([tmp_path], include_builtin=False), LintInputs.from_settings(Settings()))
     assert len(problems) == 1
     assert "rule team/broken: field when[0].promql.query: PromQL does not parse" in problems[0]
     assert "sum(rate(x_total[5m])" in problems[0]
