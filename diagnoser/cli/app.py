@@ -42,6 +42,7 @@ from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError, ExpressionError
 from diagnoser.probe.entry import GrpcRequest, run_event_loop
 from diagnoser.ruleset import RuleSet
+from diagnoser.sources.registry import SourceSettings
 
 if TYPE_CHECKING:
     from diagnoser.sources.kubernetes.credentials import Credentials
@@ -59,6 +60,7 @@ __all__ = [
     "check_inputs_or_exit",
     "check_listen",
     "configure_logging",
+    "configured_sources",
     "deprecated",
     "fail",
     "finite",
@@ -402,6 +404,14 @@ def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> 
         stderr.print("[yellow]rule error:[/yellow] ", end="")
         stderr.print(str(problem), markup=False, highlight=False, soft_wrap=True)
     return ruleset
+
+
+def configured_sources(settings: Settings) -> list[str]:
+    """The sources ``settings`` configure (the probe counts when the daemon has probe files)."""
+    sources: list[str] = list(SourceSettings.from_settings(settings).configured())
+    if settings.daemon.probe_files:
+        sources.append("probe")
+    return sources
 
 
 def check_inputs_or_exit(settings: Settings, *, daemon: bool = False) -> Credentials | None:

@@ -22,6 +22,7 @@ from diagnoser.cli.app import (
     app,
     check_inputs_or_exit,
     configure_logging,
+    configured_sources,
     fail,
     finite,
     grouped,
@@ -201,7 +202,7 @@ def now(
     if grpc.given and not probe:
         raise fail("--data, --proto, --import-path and --metadata go with --probe grpc://...")
     prepared_probe = _prepare_probe(probe, probe_rate, probe_duration, settings, grpc) if probe else None
-    if not [name for name in settings.configured_sources() if name != "probe"] and prepared_probe is None:
+    if not [name for name in configured_sources(settings) if name != "probe"] and prepared_probe is None:
         raise fail(
             "no source configured: give --prometheus-url, --kubeconfig, --elasticsearch-url, "
             "--slowlog or --probe (or set them in --config)"
@@ -259,7 +260,7 @@ def _diagnose_with_spinner(run: _Run, prepared_probe: ProbeSupplier | None) -> D
     """Run the diagnosis; on a terminal, with a spinner on stderr naming the current phase."""
     if not stderr.is_terminal:
         return run.diagnose(prepared_probe)
-    sources = [name for name in run.settings.configured_sources() if name != "probe"]
+    sources = [name for name in configured_sources(run.settings) if name != "probe"]
     if prepared_probe is not None:
         sources.append("probe")
     evaluating = f"evaluating {len(run.rules)} rules against {', '.join(sources)}"

@@ -26,6 +26,7 @@ from diagnoser.cli.app import (
     app,
     check_inputs_or_exit,
     check_listen,
+    configured_sources,
     fail,
     load_cli_settings,
     run_loop,
@@ -96,7 +97,7 @@ def serve_command(
         _replay(settings.daemon.state_path)
         return
     credentials = check_inputs_or_exit(settings, daemon=True)
-    if not settings.configured_sources():
+    if not configured_sources(settings):
         raise fail(
             "no source configured: set prometheus.url, kubernetes, elasticsearch or "
             "daemon.probe_files (or give --prometheus-url)"

@@ -82,19 +82,6 @@ class Settings(BaseSettings):
     #: Known problems to keep quiet until a time, each with a comment (``diagnose now`` and ``serve``).
     silences: list[Silence] = Field(default_factory=list)
 
-    def configured_sources(self) -> list[str]:
-        """The sources configured here (the probe counts when the daemon has probe files)."""
-        sources = []
-        if self.prometheus.url:
-            sources.append("prometheus")
-        if self.kubernetes.enabled:
-            sources.append("kubernetes")
-        if self.elasticsearch.urls or self.elasticsearch.slowlog_paths:
-            sources.append("elasticsearch")
-        if self.daemon.probe_files:
-            sources.append("probe")
-        return sources
-
     def input_paths(self, *, daemon: bool = False) -> list[tuple[str, Path | None]]:
         """Every configured input path, with its key (``rule_dirs[0]``); the daemon's probe files too."""
         slowlogs = self.elasticsearch.slowlog_paths

@@ -13,21 +13,17 @@ silences. The CLI and the daemon's assembly build it from the settings
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diagnoser.config.parts import FindingStyle
-from diagnoser.config.sections import (
-    ElasticsearchSettings,
-    KubernetesSettings,
-    PrometheusSettings,
-    Silence,
-)
+from diagnoser.config.sections import Silence
 from diagnoser.config.settings import confirm_window_for
 from diagnoser.ruleset.templating import RuleVariables
 from diagnoser.signals import Catalogue, load_catalogue
+from diagnoser.sources.registry import SourceSettings
 
 if TYPE_CHECKING:
     from diagnoser.config.settings import Settings
@@ -41,20 +37,6 @@ def catalogue_of(signal_files: Iterable[Path]) -> Catalogue:
     A bad catalogue file raises :class:`ConfigError`.
     """
     return load_catalogue(tuple(signal_files))
-
-
-@dataclass(frozen=True)
-class SourceSettings:
-    """The sources a run builds: each one's section, and the metric renames Prometheus applies."""
-
-    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
-    elasticsearch: ElasticsearchSettings = field(default_factory=ElasticsearchSettings)
-    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
-    metrics: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> SourceSettings:
-        return cls(settings.prometheus, settings.elasticsearch, settings.kubernetes, dict(settings.metrics))
 
 
 @dataclass(frozen=True)

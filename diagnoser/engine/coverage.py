@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import get_args
 
 from diagnoser.checks.probe import ProbeParams
 from diagnoser.config.parts import FindingStyle
@@ -45,6 +46,7 @@ from diagnoser.promql import metric_names
 from diagnoser.ruleset import Rule, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables
 from diagnoser.signals import Catalogue
+from diagnoser.sources import SourceName
 from diagnoser.sources.prometheus import rewrite_metric_names
 
 __all__ = [
@@ -60,7 +62,7 @@ __all__ = [
 ]
 
 #: Every source a rule can read, in the order reports list them.
-SOURCES = ("prometheus", "kubernetes", "elasticsearch", "probe")
+SOURCES: tuple[SourceName, ...] = get_args(SourceName)
 #: How far before the instant a metric counts as present (a scrape interval or a rule's window).
 LOOKBACK_S = 300.0
 #: The statuses a rule can end a run in, in the order counts list them.

@@ -20,10 +20,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, get_args
+from typing import TYPE_CHECKING, get_args
 
 from diagnoser.config import KubernetesSettings, check_paths
-from diagnoser.config.sections import ElasticsearchSettings
 from diagnoser.engine.config import DiagnosisConfig, RulePack, SourceSettings, catalogue_of
 from diagnoser.engine.coverage import (
     LOOKBACK_S,
@@ -41,11 +40,9 @@ from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet, load_rules
 from diagnoser.sources import SourceName, Sources
-from diagnoser.sources.prometheus import PrometheusSource
+from diagnoser.sources.registry import source_kinds
 
 if TYPE_CHECKING:
-    from diagnoser.sources.elasticsearch import ElasticsearchSource
-    from diagnoser.sources.kubernetes import KubernetesSource
     from diagnoser.sources.kubernetes.credentials import Credentials
 
 __all__ = [
@@ -59,7 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: Supplies this diagnosis's probe result: a prepared probe run now, or (the daemon) the latest one.
 ProbeSupplier = Callable[[], Awaitable[ProbeResult | None]]
@@ -88,27 +84,25 @@ def load_ruleset(pack: RulePack) -> RuleSet:
 
 
 def build_sources(settings: SourceSettings, *, credentials: Credentials | None = None) -> BuiltSources:
-    """Construct every configured source; a source that cannot be built becomes an error entry.
+    """Construct every configured source kind (:mod:`diagnoser.sources.kinds`); a source that
+    cannot be built becomes an error entry.
 
     ``credentials`` are the Kubernetes credentials :func:`check_inputs` loaded, so the kubeconfig
     is read once; without them they are loaded here.
     """
     built = BuiltSources(Sources())
-    if settings.prometheus.url:
+    for kind in source_kinds().values():
+        if not kind.configured(settings):
+            continue
         try:
-            built.sources.prometheus = PrometheusSource(
-                settings.prometheus, metric_overrides=dict(settings.metrics)
-            )
-        except (ValueError, OSError) as exc:
-            built.errors.append(SourceError(source="prometheus", message=f"cannot set up: {exc}"))
-    if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
-        built.sources.elasticsearch = _set_up(
-            "elasticsearch", lambda: _elasticsearch(settings.elasticsearch), built.errors
-        )
-    if settings.kubernetes.enabled:
-        built.sources.kubernetes = _set_up(
-            "kubernetes", lambda: _kubernetes(settings.kubernetes, credentials), built.errors
-        )
+            client = kind.build(settings, credentials)
+        except kind.plain_errors as exc:
+            built.errors.append(SourceError(source=kind.name, message=f"cannot set up: {exc}"))
+        except Exception as exc:
+            message = f"cannot set up: {type(exc).__name__}: {exc}"
+            built.errors.append(SourceError(source=kind.name, message=message))
+        else:
+            setattr(built.sources, kind.name, client)
     return built
 
 
@@ -151,27 +145,6 @@ def report(
     coverage.silenced = silenced
     coverage.summary = summary_line(coverage)
     return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(kept)})
-
-
-def _set_up(name: str, build: Callable[[], T], errors: list[SourceError]) -> T | None:
-    """``build()``, or ``None`` and an error entry: a source that cannot be set up is reported."""
-    try:
-        return build()
-    except Exception as exc:
-        errors.append(SourceError(source=name, message=f"cannot set up: {type(exc).__name__}: {exc}"))
-        return None
-
-
-def _elasticsearch(settings: ElasticsearchSettings) -> ElasticsearchSource | None:
-    from diagnoser.sources.elasticsearch import ElasticsearchSource  # the client loads only when used
-
-    return ElasticsearchSource.from_settings(settings)
-
-
-def _kubernetes(settings: KubernetesSettings, credentials: Credentials | None) -> KubernetesSource:
-    from diagnoser.sources.kubernetes import KubernetesSource  # the client loads only when used
-
-    return KubernetesSource.from_settings(settings, credentials=credentials)
 
 
 async def run_diagnosis(
