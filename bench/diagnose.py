@@ -26,7 +26,7 @@ from pathlib import Path
 
 from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, trend_query
 from diagnoser.config import load_settings
-from diagnoser.engine import diagnose
+from diagnoser.engine import DiagnosisConfig, diagnose
 from diagnoser.ruleset import load_rules, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables
 from diagnoser.sources import Sources
@@ -193,7 +193,8 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     at = datetime.fromtimestamp(START + INTERVAL * (POINTS - 1), UTC)
     source = PrometheusSource(settings.prometheus)
     queries = distinct_queries(rules, settings)
-    await diagnose(rules, settings, Sources(prometheus=source), at=at)  # warm-up
+    config = DiagnosisConfig.from_settings(settings)
+    await diagnose(rules, config, Sources(prometheus=source), at=at)  # warm-up
     singles: list[float] = []
     for query in queries:
         best = float("inf")
@@ -212,7 +213,7 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     for _ in range(runs):
         source = PrometheusSource(settings.prometheus)  # no answers shared with the previous run
         started, started_cpu = time.perf_counter(), time.process_time()
-        diagnosis = await diagnose(rules, settings, Sources(prometheus=source), at=at)
+        diagnosis = await diagnose(rules, config, Sources(prometheus=source), at=at)
         walls.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
         await source.aclose()
@@ -252,6 +253,7 @@ async def recognition_overhead(url: str, runs: int, concurrency: int) -> None:
             "signals": {"queue_length": "db_client_connection_pending_requests"},
         }
     )
+    config = DiagnosisConfig.from_settings(settings)
     with_it = [r for r in load_rules([]) if set(r.sources) == {"prometheus"}]
     without = [r for r in with_it if not r.id.startswith("resources/")]
     at = datetime.fromtimestamp(START + INTERVAL * (POINTS - 1), UTC)
@@ -263,7 +265,7 @@ async def recognition_overhead(url: str, runs: int, concurrency: int) -> None:
         signal_check.recognition = recognition if recognise else nothing  # type: ignore[assignment]
         source = PrometheusSource(settings.prometheus)
         started, started_cpu = time.perf_counter(), time.process_time()
-        await diagnose(rules, settings, Sources(prometheus=source), at=at)
+        await diagnose(rules, config, Sources(prometheus=source), at=at)
         elapsed = (time.perf_counter() - started, time.process_time() - started_cpu)
         await source.aclose()
         return elapsed

@@ -2,10 +2,10 @@
 
 The public surface::
 
-    from diagnoser import load_settings, run_diagnosis
+    from diagnoser import DiagnosisConfig, load_settings, run_diagnosis
 
     settings = load_settings(overrides={"prometheus": {"url": "http://127.0.0.1:9090"}})
-    diagnosis = asyncio.run(run_diagnosis(settings))
+    diagnosis = asyncio.run(run_diagnosis(DiagnosisConfig.from_settings(settings)))
     print(diagnosis.model_dump_json(indent=2))
 
 Names are imported on first use, so ``import diagnoser.models`` (or ``diagnoser.config``) loads
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from diagnoser.checks import CheckContext, check_kind
     from diagnoser.config import Settings, load_settings
-    from diagnoser.engine import diagnose, run_diagnosis
+    from diagnoser.engine import DiagnosisConfig, diagnose, run_diagnosis
     from diagnoser.errors import ConfigError, DiagnoserError, ProbeSafetyError, SourceNotConfigured
     from diagnoser.models import Diagnosis, Evidence, Finding, Severity, SourceError
     from diagnoser.ruleset import Rule, RuleSet, load_rules
@@ -36,6 +36,7 @@ _HOMES = {
     "check_kind": "diagnoser.checks",
     "Settings": "diagnoser.config",
     "load_settings": "diagnoser.config",
+    "DiagnosisConfig": "diagnoser.engine",
     "diagnose": "diagnoser.engine",
     "run_diagnosis": "diagnoser.engine",
     "ConfigError": "diagnoser.errors",
@@ -60,6 +61,7 @@ __all__ = [
     "ConfigError",
     "DiagnoserError",
     "Diagnosis",
+    "DiagnosisConfig",
     "Evidence",
     "Finding",
     "ProbeSafetyError",

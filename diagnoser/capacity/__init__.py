@@ -6,7 +6,8 @@ bottleneck is the cause that appears between the last step that held and the fir
 failed (:mod:`.bottleneck`). Reports render as a table, Markdown, JSON (:mod:`.report`), a
 picture (:mod:`.plot`) and a Slack message (:mod:`.slack`). ::
 
-    run = CapacityRun(plan, settings, CapacityOptions(start_rate=50, max_rate=1000))
+    inputs = CapacityInputs.from_settings(settings)
+    run = CapacityRun(plan, inputs, CapacityOptions(start_rate=50, max_rate=1000))
     report = await run.run()
     print(report.capacity_rps, report.limit, report.bottleneck)
 """
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck
 from diagnoser.capacity.report import Bottleneck, CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
-from diagnoser.capacity.run import CapacityOptions, CapacityRun
+from diagnoser.capacity.run import CapacityInputs, CapacityOptions, CapacityRun
 from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import StepMeasurement, StepPlan, run_step
 
 __all__ = [
     "Bottleneck",
+    "CapacityInputs",
     "CapacityOptions",
     "CapacityReport",
     "CapacityRun",

@@ -16,7 +16,7 @@ rule pack is evaluated:
 
 ::
 
-    diagnosis = await evaluate_step(rules, settings, sources, started_at=..., ended_at=...)
+    diagnosis = await evaluate_step(rules, config, sources, started_at=..., ended_at=...)
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import math
 import time
 from datetime import UTC, datetime
 
-from diagnoser.config import Settings
-from diagnoser.engine import BuiltSources, run_diagnosis
+from diagnoser.engine import BuiltSources, DiagnosisConfig, run_diagnosis
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.ruleset import RuleSet
 from diagnoser.sources import Sources
@@ -46,7 +45,7 @@ _MAX_WINDOW_S = 300
 
 
 async def evaluate_step(
-    rules: RuleSet, settings: Settings, sources: Sources, *, started_at: datetime, ended_at: datetime
+    rules: RuleSet, config: DiagnosisConfig, sources: Sources, *, started_at: datetime, ended_at: datetime
 ) -> Diagnosis:
     """The rule pack as of ``ended_at``, once its scrapes are in, over a window covering the step.
 
@@ -58,8 +57,8 @@ async def evaluate_step(
     if sources.prometheus is not None:
         await settle(sources.prometheus, started_at, ended_at)
         window_s = await step_window_s(sources.prometheus, ended_at, window_s)
-    step_settings = settings.model_copy(update={"window": f"{window_s}s"})
-    return await run_diagnosis(step_settings, rules=rules, at=ended_at, sources=BuiltSources(sources))
+    step_config = config.with_window(f"{window_s}s")
+    return await run_diagnosis(step_config, rules=rules, at=ended_at, sources=BuiltSources(sources))
 
 
 async def settle(

@@ -2,7 +2,7 @@
 
 Steps run one after another, never overlapping: after each, the probe waits for its in-flight
 answers (the service's queue empties), the rule pack is evaluated as of the step's end over a
-window covering just that step (``Settings.window``), once Prometheus holds the step's last
+window covering just that step (:meth:`DiagnosisConfig.with_window`), once Prometheus holds the step's last
 scrape (:mod:`diagnoser.capacity.evidence`), and a short pause separates it from the next so
 that no step's window sees the previous step's load. The rule pack is only evaluated
 when a Prometheus is configured; without one the capacity is still found.
@@ -10,7 +10,7 @@ when a Prometheus is configured; without one the capacity is still found.
 A run stops with a partial report on Ctrl-C (:meth:`CapacityRun.stop`), on the probe's abort
 rule, when the maximum rate holds, or when the step budget is spent. ::
 
-    run = CapacityRun(plan, settings, options)
+    run = CapacityRun(plan, CapacityInputs.from_settings(settings), options)
     report = await run.run()
 """
 
@@ -21,14 +21,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck, finding_key
 from diagnoser.capacity.evidence import evaluate_step
 from diagnoser.capacity.report import CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
 from diagnoser.capacity.search import RateSearch
 from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
-from diagnoser.config import Settings
+from diagnoser.config import CapacitySettings, ProbeSettings
+from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset
 from diagnoser.errors import ProbeWorkerError
 from diagnoser.models import Diagnosis, SourceError
@@ -36,12 +38,29 @@ from diagnoser.probe.caps import LoadCaps, capacity_caps
 from diagnoser.probe.running import InProcess, Launcher, RunningProbe
 from diagnoser.ruleset import RuleSet
 
-__all__ = ["CapacityOptions", "CapacityRun"]
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
+
+__all__ = ["CapacityInputs", "CapacityOptions", "CapacityRun"]
 
 log = logging.getLogger(__name__)
 
 #: A step whose served rate is below this share of its offered rate could not keep up.
 _SATURATED_SHARE = 0.97
+
+
+@dataclass(frozen=True)
+class CapacityInputs:
+    """What a capacity run reads of the settings: each step's diagnosis, the probe's settings
+    and the load test's caps (``capacity.*``)."""
+
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    caps: LoadCaps = field(default_factory=lambda: capacity_caps(CapacitySettings()))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CapacityInputs:
+        return cls(DiagnosisConfig.from_settings(settings), settings.probe, capacity_caps(settings.capacity))
 
 
 @dataclass(frozen=True)
@@ -79,7 +98,7 @@ class CapacityRun:
     def __init__(
         self,
         plan: StepPlan,
-        settings: Settings,
+        inputs: CapacityInputs,
         options: CapacityOptions,
         *,
         rules: RuleSet | None = None,
@@ -90,13 +109,14 @@ class CapacityRun:
     ) -> None:
         """``launcher`` sends each step (default: this process; a
         :class:`~diagnoser.probe.workers.WorkerPool` for processes or pods); ``caps``: the load
-        test's, ``capacity.*`` by default."""
+        test's, ``inputs.caps`` by default."""
         self.plan = plan
         self.launcher: Launcher = launcher if launcher is not None else InProcess()
-        self.caps = caps if caps is not None else capacity_caps(settings.capacity)
+        self.caps = caps if caps is not None else inputs.caps
         #: Why the run ended without an answer: a worker died during a step.
         self.worker_failure: str | None = None
-        self.settings = settings
+        self.diagnosis = inputs.diagnosis
+        self.probe = inputs.probe
         self.options = options
         self.rules = rules
         self.on_progress = on_progress
@@ -128,8 +148,9 @@ class CapacityRun:
             run.stop()
 
     async def run(self) -> CapacityReport:
-        sources = build_sources(self.settings) if self.settings.prometheus.url else None
-        rules = self.rules if self.rules is not None or sources is None else load_ruleset(self.settings)
+        config = self.diagnosis
+        sources = build_sources(config.sources) if config.sources.prometheus.url else None
+        rules = self.rules if self.rules is not None or sources is None else load_ruleset(config.rules)
         steps: list[_Step] = []
         try:
             await self._steps(steps, sources, rules)
@@ -149,7 +170,7 @@ class CapacityRun:
         rate = self.search.next_rate()
         if rate is not None:
             plan = replace(self.plan, step_s=self.options.warmup_s, min_step_s=self.options.warmup_s)
-            await run_step(plan, self.settings.probe, rate, launcher=self.launcher, caps=self.caps,
+            await run_step(plan, self.probe, rate, launcher=self.launcher, caps=self.caps,
                            on_start=self._started)  # fmt: skip
             await self._pause()
 
@@ -176,7 +197,7 @@ class CapacityRun:
             scout = self.options.scout and not self.search.failed and rate not in self.search.scouted
             measurement = await run_step(
                 self.plan,
-                self.settings.probe,
+                self.probe,
                 rate,
                 launcher=self.launcher,
                 caps=self.caps,
@@ -223,7 +244,7 @@ class CapacityRun:
 
     async def _evaluate(self, step: StepMeasurement, sources: BuiltSources, rules: RuleSet) -> Diagnosis:
         return await evaluate_step(
-            rules, self.settings, sources.sources, started_at=step.started_at, ended_at=step.ended_at
+            rules, self.diagnosis, sources.sources, started_at=step.started_at, ended_at=step.ended_at
         )
 
     def _report(self, steps: list[_Step], sources: BuiltSources | None) -> CapacityReport:

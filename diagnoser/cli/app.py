@@ -37,11 +37,12 @@ from typer.core import TyperGroup
 
 from diagnoser import promql
 from diagnoser.config import Settings, load_settings
-from diagnoser.engine import load_ruleset
+from diagnoser.engine import RulePack, load_ruleset
 from diagnoser.engine.run import check_inputs
 from diagnoser.errors import ConfigError, ExpressionError
 from diagnoser.probe.entry import GrpcRequest, run_event_loop
 from diagnoser.ruleset import RuleSet
+from diagnoser.sources.registry import SourceSettings
 
 if TYPE_CHECKING:
     from diagnoser.sources.kubernetes.credentials import Credentials
@@ -59,6 +60,7 @@ __all__ = [
     "check_inputs_or_exit",
     "check_listen",
     "configure_logging",
+    "configured_sources",
     "deprecated",
     "fail",
     "finite",
@@ -395,7 +397,7 @@ def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> 
     if extra_dirs:
         settings = settings.model_copy(update={"rule_dirs": [*settings.rule_dirs, *extra_dirs]})
     try:
-        ruleset = load_ruleset(settings)
+        ruleset = load_ruleset(RulePack.from_settings(settings))
     except ConfigError as exc:
         raise fail(str(exc)) from exc
     for problem in ruleset.problems:
@@ -404,13 +406,21 @@ def load_cli_rules(settings: Settings, extra_dirs: list[Path] | None = None) -> 
     return ruleset
 
 
+def configured_sources(settings: Settings) -> list[str]:
+    """The sources ``settings`` configure (the probe counts when the daemon has probe files)."""
+    sources: list[str] = list(SourceSettings.from_settings(settings).configured())
+    if settings.daemon.probe_files:
+        sources.append("probe")
+    return sources
+
+
 def check_inputs_or_exit(settings: Settings, *, daemon: bool = False) -> Credentials | None:
     """Exit 2 on inputs that cannot work: missing paths, a kubeconfig that does not load.
 
     Returns the Kubernetes credentials loaded on the way, so the run does not read them again.
     """
     try:
-        return check_inputs(settings, daemon=daemon)
+        return check_inputs(settings.input_paths(daemon=daemon), settings.kubernetes)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
 

@@ -44,7 +44,7 @@ from diagnoser.capacity.cluster import (
 from diagnoser.capacity.plot import check_plot_path, write_plot
 from diagnoser.capacity.render import render_capacity_markdown, render_capacity_table
 from diagnoser.capacity.report import CapacityReport, CapacityStep
-from diagnoser.capacity.run import CapacityOptions, CapacityRun
+from diagnoser.capacity.run import CapacityInputs, CapacityOptions, CapacityRun
 from diagnoser.capacity.step import StepPlan
 from diagnoser.cli.app import (
     ConfigOption,
@@ -342,8 +342,9 @@ def capacity_command(
     except DiagnoserError as exc:
         raise fail(str(exc)) from exc
     on_progress, on_step = _progress_printers(err) if err.is_terminal else (None, None)
+    inputs = CapacityInputs.from_settings(settings)
     run = CapacityRun(
-        plan, settings, options, on_progress=on_progress, on_step=on_step, launcher=choice.launcher
+        plan, inputs, options, on_progress=on_progress, on_step=on_step, launcher=choice.launcher
     )
     result = _measure(run, choice)
     _print(result, report.output)
@@ -488,7 +489,7 @@ async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityRepo
     """The run, with its workers started first (through the barrier) and stopped after."""
     plan = run.plan
     # Refused before any worker or pod starts, as before the first request.
-    await check_resolved_addresses(plan.spec, run.settings.probe, explicit_target=plan.explicit_target)
+    await check_resolved_addresses(plan.spec, run.probe, explicit_target=plan.explicit_target)
     pool = choice.pool
     if pool is None:
         return await run.run()
@@ -500,7 +501,7 @@ async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityRepo
         if objects is not None and choice.render_to is not None:
             _write_manifest(objects, choice.render_to)
         elif objects is not None:
-            await create_objects(objects, run.settings.kubernetes)
+            await create_objects(objects, run.diagnosis.sources.kubernetes)
             created = True
         await _barrier(pool, run)
         return await run.run()
@@ -508,7 +509,7 @@ async def _with_workers(run: CapacityRun, choice: _WorkerChoice) -> CapacityRepo
         await pool.aclose()
         if created and objects is not None:
             try:
-                await delete_objects(objects, run.settings.kubernetes)
+                await delete_objects(objects, run.diagnosis.sources.kubernetes)
             except DiagnoserError as exc:  # the report still prints; say what was left behind
                 stderr.print(f"warning: {exc}", markup=False, highlight=False)
 

@@ -22,6 +22,7 @@ from diagnoser.cli.app import (
     app,
     check_inputs_or_exit,
     configure_logging,
+    configured_sources,
     fail,
     finite,
     grouped,
@@ -32,8 +33,8 @@ from diagnoser.cli.app import (
     stdout,
 )
 from diagnoser.cli.timeparse import parse_instant
-from diagnoser.config import Settings, configured_sources
-from diagnoser.engine import run_diagnosis
+from diagnoser.config import Settings
+from diagnoser.engine import DiagnosisConfig, run_diagnosis
 from diagnoser.engine.deadline import Deadline
 from diagnoser.engine.run import ProbeSupplier
 from diagnoser.engine.scope import ReportScope
@@ -245,7 +246,7 @@ class _Run:
         deadline = Deadline.of_process(self.settings.deadline_s)
         return run_loop(
             run_diagnosis(
-                self.settings,
+                DiagnosisConfig.from_settings(self.settings),
                 rules=self.rules,
                 at=self.instant,
                 probe=probe,

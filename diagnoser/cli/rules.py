@@ -92,18 +92,19 @@ def rules_lint(
     rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
 ) -> None:
     """Validate every rule file; with a Prometheus, also run each query to check it parses and evaluates."""
-    from diagnoser.ruleset.lint import lint_queries, lint_static
+    from diagnoser.ruleset.lint import LintInputs, lint_queries, lint_static
 
     overrides: dict[str, Any] = {"prometheus": {"url": prometheus_url}} if prometheus_url else {}
     settings = load_cli_settings(config, overrides)
     ruleset = load_cli_rules(settings, rules_dir)
     problems = [str(p) for p in ruleset.problems]
-    for line in lint_static(ruleset, settings):
+    inputs = LintInputs.from_settings(settings)
+    for line in lint_static(ruleset, inputs):
         stderr.print("[yellow]rule problem:[/yellow] ", end="")
         stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         problems.append(line)
     if settings.prometheus.url:
-        problems += run_loop(lint_queries(ruleset, settings))
+        problems += run_loop(lint_queries(ruleset, inputs))
         for line in problems[len(ruleset.problems) :]:
             stderr.print("[yellow]query error:[/yellow] ", end="")
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -123,7 +124,7 @@ def rules_test(
 
     settings = load_cli_settings(config)
     try:
-        results = run_rule_tests(files, base_settings=settings)
+        results = run_rule_tests(files, base_config=settings.model_dump(mode="json"))
     except (ConfigError, LocalPrometheusError) as exc:
         raise fail(str(exc)) from exc
     failed = [r for r in results if not r.passed]

@@ -26,11 +26,12 @@ from diagnoser.cli.app import (
     app,
     check_inputs_or_exit,
     check_listen,
+    configured_sources,
     fail,
     load_cli_settings,
     run_loop,
 )
-from diagnoser.config import Settings, configured_sources, parse_listen_address
+from diagnoser.config import Settings, parse_listen_address
 from diagnoser.daemon.logs import configure_logging
 from diagnoser.errors import ConfigError, DiagnoserError
 

@@ -48,7 +48,7 @@ from diagnoser.config.sections import (
     SloSettings,
     parse_listen_address,
 )
-from diagnoser.config.settings import Settings, check_paths, configured_sources, load_settings
+from diagnoser.config.settings import Settings, check_paths, load_settings
 from diagnoser.promql import duration_seconds
 
 __all__ = [
@@ -77,7 +77,6 @@ __all__ = [
     "SlackSettings",
     "SloSettings",
     "check_paths",
-    "configured_sources",
     "duration_seconds",
     "load_settings",
     "parse_listen_address",

@@ -10,6 +10,7 @@ import difflib
 import json
 import os
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +82,24 @@ class Settings(BaseSettings):
     #: Known problems to keep quiet until a time, each with a comment (``diagnose now`` and ``serve``).
     silences: list[Silence] = Field(default_factory=list)
 
+    def input_paths(self, *, daemon: bool = False) -> list[tuple[str, Path | None]]:
+        """Every configured input path, with its key (``rule_dirs[0]``); the daemon's probe files too."""
+        slowlogs = self.elasticsearch.slowlog_paths
+        expected: list[tuple[str, Path | None]] = [
+            ("prometheus.ca_file", self.prometheus.ca_file),
+            ("elasticsearch.ca_certs", self.elasticsearch.ca_certs),
+            ("kubernetes.kubeconfig", self.kubernetes.kubeconfig if self.kubernetes.enabled else None),
+            *((f"elasticsearch.slowlog_paths[{i}]", p) for i, p in enumerate(slowlogs)),
+            *((f"rule_dirs[{i}]", p) for i, p in enumerate(self.rule_dirs)),
+        ]
+        if daemon:
+            expected += [(f"daemon.probe_files[{i}]", p) for i, p in enumerate(self.daemon.probe_files)]
+        return expected
+
     @property
     def effective_confirm_window(self) -> str:
         """``confirm_window``, or the shorter of ``window`` and 2m."""
-        if self.confirm_window is not None:
-            return self.confirm_window
-        return self.window if duration_seconds(self.window) <= 120 else "2m"
+        return confirm_window_for(self.window, self.confirm_window)
 
     @field_validator("window", "confirm_window")
     @classmethod
@@ -235,35 +248,19 @@ def _known_keys(parent: list[str]) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
-def configured_sources(settings: Settings) -> list[str]:
-    """The sources ``settings`` configures (the probe counts when the daemon has probe files)."""
-    sources = []
-    if settings.prometheus.url:
-        sources.append("prometheus")
-    if settings.kubernetes.enabled:
-        sources.append("kubernetes")
-    if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
-        sources.append("elasticsearch")
-    if settings.daemon.probe_files:
-        sources.append("probe")
-    return sources
+def confirm_window_for(window: str, confirm_window: str | None) -> str:
+    """``confirm_window`` when set, else the shorter of ``window`` and 2m."""
+    if confirm_window is not None:
+        return confirm_window
+    return window if duration_seconds(window) <= 120 else "2m"
 
 
-def check_paths(settings: Settings, *, daemon: bool = False) -> None:
-    """Raise :class:`ConfigError` naming every configured input path that does not exist.
+def check_paths(expected: Iterable[tuple[str, Path | None]]) -> None:
+    """Raise :class:`ConfigError` naming every input path (``(key, path)``, as
+    :meth:`Settings.input_paths` lists them) that does not exist.
 
     A slow log directory that is not there would otherwise read as "no slow queries".
     """
-    slowlogs = settings.elasticsearch.slowlog_paths
-    expected: list[tuple[str, Path | None]] = [
-        ("prometheus.ca_file", settings.prometheus.ca_file),
-        ("elasticsearch.ca_certs", settings.elasticsearch.ca_certs),
-        ("kubernetes.kubeconfig", settings.kubernetes.kubeconfig if settings.kubernetes.enabled else None),
-        *((f"elasticsearch.slowlog_paths[{i}]", p) for i, p in enumerate(slowlogs)),
-        *((f"rule_dirs[{i}]", p) for i, p in enumerate(settings.rule_dirs)),
-    ]
-    if daemon:
-        expected += [(f"daemon.probe_files[{i}]", p) for i, p in enumerate(settings.daemon.probe_files)]
     missing = [
         f"{key}: {path} does not exist" for key, path in expected if path and not path.expanduser().exists()
     ]

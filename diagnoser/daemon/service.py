@@ -39,6 +39,7 @@ from diagnoser.daemon.leader import LeaderElector, SoleLeader, elector_for
 from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.schedule import GuardedRun, JobSchedule
 from diagnoser.daemon.state import StateStore
+from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Finding
@@ -82,6 +83,8 @@ class Daemon:
         self.settings = settings
         self.credentials = credentials
         self.config = settings.daemon
+        #: What each diagnosis reads of the settings, taken apart once.
+        self.diagnosis_config = DiagnosisConfig.from_settings(settings)
         self.metrics = DaemonMetrics()
         self.rules = rules
         self.sender = sender
@@ -171,11 +174,11 @@ class Daemon:
     def _build_parts(self, state: StateStore, configs: list[ReceiverConfig]) -> None:
         """Whatever was not passed in: rules, sources, the receivers, the leader elector."""
         if self.rules is None:
-            self.rules = load_ruleset(self.settings)
+            self.rules = load_ruleset(self.diagnosis_config.rules)
         for problem in self.rules.problems:
             log.warning("rule not loaded: %s", problem)
         credentials = self.credentials or self._load_credentials()
-        self.sources = build_sources(self.settings, credentials=credentials)
+        self.sources = build_sources(self.diagnosis_config.sources, credentials=credentials)
         knobs = delivery_settings(self.settings.notify, slack=self.settings.slack)
         delivery: OutboxDelivery | FanOut | None = None
         if self.sender is not None:
@@ -229,7 +232,7 @@ class Daemon:
         """One diagnosis over the daemon's sources with the newest probe result, counted in ``/metrics``."""
         started = time.perf_counter()
         diagnosis = await run_diagnosis(
-            self.settings, rules=self.rules, probe=self.probes.latest, sources=self.sources
+            self.diagnosis_config, rules=self.rules, probe=self.probes.latest, sources=self.sources
         )
         self.metrics.record_diagnosis(diagnosis, time.perf_counter() - started, trigger=trigger)
         return diagnosis

@@ -14,7 +14,8 @@ names off the syntax tree (:mod:`diagnoser.promql`) of its ``promql`` and ``tren
 PromQL (``absent`` conditions look for what should be missing, so they do not count), after
 ``${...}`` substitution and ``metrics:`` renames::
 
-    metric_names_of(rule, settings)   # {"db_client_connection_count", "db_client_connection_max"}
+    inputs = CoverageInputs.of(DiagnosisConfig.from_settings(settings))
+    metric_names_of(rule, inputs)   # {"db_client_connection_count", "db_client_connection_max"}
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import get_args
 
 from diagnoser.checks.probe import ProbeParams
-from diagnoser.config import Settings
 from diagnoser.config.parts import FindingStyle
-from diagnoser.engine import RuleOutcome
-from diagnoser.engine.evaluate import catalogue_of
+from diagnoser.engine.config import DiagnosisConfig
+from diagnoser.engine.evaluate import RuleOutcome
 from diagnoser.errors import ExpressionError
 from diagnoser.models import (
     Coverage,
@@ -45,6 +46,7 @@ from diagnoser.promql import metric_names
 from diagnoser.ruleset import Rule, resolve_condition
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables
 from diagnoser.signals import Catalogue
+from diagnoser.sources import SourceName
 from diagnoser.sources.prometheus import rewrite_metric_names
 
 __all__ = [
@@ -60,7 +62,7 @@ __all__ = [
 ]
 
 #: Every source a rule can read, in the order reports list them.
-SOURCES = ("prometheus", "kubernetes", "elasticsearch", "probe")
+SOURCES: tuple[SourceName, ...] = get_args(SourceName)
 #: How far before the instant a metric counts as present (a scrape interval or a rule's window).
 LOOKBACK_S = 300.0
 #: The statuses a rule can end a run in, in the order counts list them.
@@ -77,7 +79,7 @@ def metric_names_in(query: str) -> set[str]:
 
 @dataclass(frozen=True)
 class CoverageInputs:
-    """What coverage reads of the settings, taken once per run: the rules' variables, the
+    """What coverage reads of the configuration, taken once per run: the rules' variables, the
     signal catalogue and the metric renames."""
 
     variables: RuleVariables
@@ -85,17 +87,16 @@ class CoverageInputs:
     renames: dict[str, str]
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> CoverageInputs:
-        return cls(RuleVariables.from_settings(settings), catalogue_of(settings), dict(settings.metrics))
+    def of(cls, config: DiagnosisConfig) -> CoverageInputs:
+        return cls(config.variables, config.catalogue, dict(config.sources.metrics))
 
 
-def metric_names_of(rule: Rule, settings: Settings | CoverageInputs) -> set[str]:
+def metric_names_of(rule: Rule, inputs: CoverageInputs) -> set[str]:
     """The metrics ``rule`` needs, as named in this installation; empty for non-PromQL rules.
 
     A condition whose ``${signals.X}`` is not configured contributes nothing (the rule is
     skipped for that reason, not for missing data).
     """
-    inputs = settings if isinstance(settings, CoverageInputs) else CoverageInputs.from_settings(settings)
     variables = rule.variables(inputs.variables)
     catalogue = inputs.catalogue
     names: set[str] = set()
@@ -140,7 +141,7 @@ def probe_shortfall(rule: Rule, inputs: CoverageInputs, finished: int | None) ->
 def build_coverage(
     rules: Iterable[Rule],
     outcomes: Sequence[RuleOutcome],
-    settings: Settings,
+    inputs: CoverageInputs,
     *,
     configured: Iterable[str],
     present_metrics: set[str] | SourceError | None,
@@ -155,7 +156,6 @@ def build_coverage(
     by_id = {rule.id: rule for rule in rules}
     names = present_metrics if isinstance(present_metrics, set) else None
     entries: list[RuleCoverage] = []
-    inputs = CoverageInputs.from_settings(settings)
     for outcome in sorted(outcomes, key=lambda o: o.rule_id):
         rule = by_id.get(outcome.rule_id)
         source = rule.sources[0] if rule is not None and rule.sources else "engine"

@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from diagnoser.checks import CheckContext, CheckResult
-from diagnoser.config import Settings
 from diagnoser.config.parts import FindingStyle
+from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.rank import (
     agrees,
     collapse_errors,
@@ -38,13 +38,12 @@ from diagnoser.models import Diagnosis, Evidence, Finding, SourceError, service_
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables, format_text
-from diagnoser.signals import Catalogue, load_catalogue
+from diagnoser.signals import Catalogue
 from diagnoser.sources import Sources
 
 __all__ = [
     "MAX_FINDINGS_PER_RULE",
     "RuleOutcome",
-    "catalogue_of",
     "diagnose",
     "evaluate",
     "evaluate_rule",
@@ -82,7 +81,7 @@ class RuleOutcome:
 
 async def diagnose(
     rules: RuleSet | Iterable[Rule],
-    settings: Settings,
+    config: DiagnosisConfig,
     sources: Sources,
     *,
     at: datetime | None = None,
@@ -98,40 +97,38 @@ async def diagnose(
     probe that could not run): they are reported with the rules' own, the same way.
     ``record``, when given, receives every rule's :class:`RuleOutcome` (for coverage).
     """
-    diagnosis = await evaluate(rules, settings, sources, at=at, errors=errors, record=record)
+    diagnosis = await evaluate(rules, config, sources, at=at, errors=errors, record=record)
     return diagnosis.model_copy(update={"findings": rank_findings(diagnosis.findings)})
 
 
 async def evaluate(
     rules: RuleSet | Iterable[Rule],
-    settings: Settings,
+    config: DiagnosisConfig,
     sources: Sources,
     *,
     at: datetime | None = None,
     errors: Sequence[SourceError] = (),
     record: list[RuleOutcome] | None = None,
-    catalogue: Catalogue | None = None,
     deadline_s: float | None = None,
 ) -> Diagnosis:
     """:func:`diagnose` without the ranking, for a pipeline that silences first and ranks once.
 
-    ``catalogue`` is the signal catalogue the rules were loaded with (default: the shipped one
-    plus ``settings.signal_files``); ``deadline_s`` what is left of the run's deadline (default:
-    ``settings.deadline_s``).
+    The rules are evaluated with ``config``'s variables, catalogue and window; ``deadline_s``
+    is what is left of the run's deadline (default: ``config.deadline_s``).
     """
-    inputs = RuleInputs(RuleVariables.from_settings(settings), FindingStyle.from_settings(settings))
+    inputs = RuleInputs(config.variables, config.style)
     ctx = CheckContext(
         at=at or datetime.now(UTC),
         sources=sources,
-        catalogue=catalogue if catalogue is not None else catalogue_of(settings),
-        window=settings.window,
+        catalogue=config.catalogue,
+        window=config.window,
     )
     rule_list = list(rules)
     tasks = {
         asyncio.create_task(evaluate_rule(rule, inputs, ctx), name=f"rule:{rule.id}"): rule
         for rule in rule_list
     }
-    outcomes = await _outcomes(tasks, deadline_s if deadline_s is not None else settings.deadline_s)
+    outcomes = await _outcomes(tasks, deadline_s if deadline_s is not None else config.deadline_s)
     if record is not None:
         record.extend(outcomes)
     findings = without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
@@ -143,14 +140,6 @@ async def evaluate(
         errors=reported,
         probe=sources.probe.model_dump(mode="json") if sources.probe is not None else None,
     )
-
-
-def catalogue_of(settings: Settings) -> Catalogue:
-    """The signal catalogue of these settings: the shipped one plus ``signal_files`` (cached).
-
-    A bad catalogue file raises :class:`ConfigError`.
-    """
-    return load_catalogue(tuple(settings.signal_files))
 
 
 async def _outcomes(tasks: Mapping[asyncio.Task[RuleOutcome], Rule], within_s: float) -> list[RuleOutcome]:
@@ -387,5 +376,3 @@ def _required(rule: Rule, values: Mapping[str, Any]) -> bool:
 
 def _named(row: Evidence, name: str) -> Evidence:
     return row if row.name else row.model_copy(update={"name": name})
-
-

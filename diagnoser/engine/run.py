@@ -16,33 +16,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar, get_args
+from pathlib import Path
+from typing import TYPE_CHECKING, get_args
 
-from diagnoser.config import Settings, check_paths
-from diagnoser.config.parts import FindingStyle
+from diagnoser.config import KubernetesSettings, check_paths
+from diagnoser.engine.config import DiagnosisConfig, RulePack, SourceSettings, catalogue_of
 from diagnoser.engine.coverage import (
     LOOKBACK_S,
+    CoverageInputs,
     build_coverage,
     mark_silenced,
     no_data_finding,
     summary_line,
 )
 from diagnoser.engine.deadline import Deadline
-from diagnoser.engine.evaluate import RuleOutcome, catalogue_of, evaluate
+from diagnoser.engine.evaluate import RuleOutcome, evaluate
 from diagnoser.engine.rank import rank_findings
 from diagnoser.engine.silences import apply_silences
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet, load_rules
 from diagnoser.sources import SourceName, Sources
-from diagnoser.sources.prometheus import PrometheusSource
+from diagnoser.sources.registry import source_kinds
 
 if TYPE_CHECKING:
-    from diagnoser.sources.elasticsearch import ElasticsearchSource
-    from diagnoser.sources.kubernetes import KubernetesSource
     from diagnoser.sources.kubernetes.credentials import Credentials
 
 __all__ = [
@@ -56,7 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: Supplies this diagnosis's probe result: a prepared probe run now, or (the daemon) the latest one.
 ProbeSupplier = Callable[[], Awaitable[ProbeResult | None]]
@@ -76,38 +75,34 @@ class BuiltSources:
                 log.debug("closing %r failed", source, exc_info=True)
 
 
-def load_ruleset(settings: Settings) -> RuleSet:
-    """The built-in pack (unless disabled) plus the configured rule directories.
+def load_ruleset(pack: RulePack) -> RuleSet:
+    """The built-in pack (unless left out) plus the configured rule directories.
 
-    Rules naming signals are checked against the settings' catalogue (:func:`catalogue_of`).
+    Rules naming signals are checked against the pack's catalogue (:func:`catalogue_of`).
     """
-    return load_rules(
-        settings.rule_dirs,
-        include_builtin=not settings.disable_builtin_rules,
-        catalogue=catalogue_of(settings),
-    )
+    return load_rules(list(pack.rule_dirs), include_builtin=pack.builtin, catalogue=pack.catalogue)
 
 
-def build_sources(settings: Settings, *, credentials: Credentials | None = None) -> BuiltSources:
-    """Construct every configured source; a source that cannot be built becomes an error entry.
+def build_sources(settings: SourceSettings, *, credentials: Credentials | None = None) -> BuiltSources:
+    """Construct every configured source kind (:mod:`diagnoser.sources.kinds`); a source that
+    cannot be built becomes an error entry.
 
     ``credentials`` are the Kubernetes credentials :func:`check_inputs` loaded, so the kubeconfig
     is read once; without them they are loaded here.
     """
     built = BuiltSources(Sources())
-    if settings.prometheus.url:
+    for kind in source_kinds().values():
+        if not kind.configured(settings):
+            continue
         try:
-            built.sources.prometheus = PrometheusSource(
-                settings.prometheus, metric_overrides=settings.metrics
-            )
-        except (ValueError, OSError) as exc:
-            built.errors.append(SourceError(source="prometheus", message=f"cannot set up: {exc}"))
-    if settings.elasticsearch.urls or settings.elasticsearch.slowlog_paths:
-        built.sources.elasticsearch = _set_up("elasticsearch", lambda: _elasticsearch(settings), built.errors)
-    if settings.kubernetes.enabled:
-        built.sources.kubernetes = _set_up(
-            "kubernetes", lambda: _kubernetes(settings, credentials), built.errors
-        )
+            client = kind.build(settings, credentials)
+        except kind.plain_errors as exc:
+            built.errors.append(SourceError(source=kind.name, message=f"cannot set up: {exc}"))
+        except Exception as exc:
+            message = f"cannot set up: {type(exc).__name__}: {exc}"
+            built.errors.append(SourceError(source=kind.name, message=message))
+        else:
+            setattr(built.sources, kind.name, client)
     return built
 
 
@@ -115,7 +110,7 @@ def report(
     diagnosis: Diagnosis,
     rules: RuleSet,
     outcomes: list[RuleOutcome],
-    settings: Settings,
+    config: DiagnosisConfig,
     sources: Sources,
     *,
     present_metrics: set[str] | SourceError | None,
@@ -132,17 +127,17 @@ def report(
     coverage = build_coverage(
         rules,
         outcomes,
-        settings,
+        CoverageInputs.of(config),
         configured=configured,
         present_metrics=present_metrics,
         source_errors=diagnosis.errors,
         probe_finished=sources.probe.finished if sources.probe is not None else None,
     )
     # Whether no rule had data does not depend on silences: only a rule with findings is silenced.
-    empty = no_data_finding(coverage, diagnosis.evaluated_at, FindingStyle.from_settings(settings))
+    empty = no_data_finding(coverage, diagnosis.evaluated_at, config.style)
     findings = [*diagnosis.findings, *([empty] if empty is not None else [])]
     # One clock: a silence is judged at the instant diagnosed (``--at``), as the rules were.
-    kept, silenced = apply_silences(findings, settings.silences, diagnosis.evaluated_at)
+    kept, silenced = apply_silences(findings, list(config.silences), diagnosis.evaluated_at)
     still_reported = {finding.rule_id for finding in kept}
     coverage = mark_silenced(
         coverage, {s.rule_id: s.comment for s in silenced if s.rule_id not in still_reported}
@@ -152,29 +147,8 @@ def report(
     return diagnosis.model_copy(update={"coverage": coverage, "findings": rank_findings(kept)})
 
 
-def _set_up(name: str, build: Callable[[], T], errors: list[SourceError]) -> T | None:
-    """``build()``, or ``None`` and an error entry: a source that cannot be set up is reported."""
-    try:
-        return build()
-    except Exception as exc:
-        errors.append(SourceError(source=name, message=f"cannot set up: {type(exc).__name__}: {exc}"))
-        return None
-
-
-def _elasticsearch(settings: Settings) -> ElasticsearchSource | None:
-    from diagnoser.sources.elasticsearch import ElasticsearchSource  # the client loads only when used
-
-    return ElasticsearchSource.from_settings(settings.elasticsearch)
-
-
-def _kubernetes(settings: Settings, credentials: Credentials | None) -> KubernetesSource:
-    from diagnoser.sources.kubernetes import KubernetesSource  # the client loads only when used
-
-    return KubernetesSource.from_settings(settings.kubernetes, credentials=credentials)
-
-
 async def run_diagnosis(
-    settings: Settings,
+    config: DiagnosisConfig,
     *,
     rules: RuleSet | None = None,
     at: datetime | None = None,
@@ -185,15 +159,14 @@ async def run_diagnosis(
 ) -> Diagnosis:
     """Evaluate every rule as of ``at`` (default now) over the configured sources.
 
-    ``deadline`` is the run's one clock (default: ``settings.deadline_s`` from now); the probe
+    ``deadline`` is the run's one clock (default: ``config.deadline_s`` from now); the probe
     spends it too, and the rules get what is left. ``sources`` are kept open sources (the
     daemon's), else they are built (with ``credentials`` from :func:`check_inputs`) and closed.
     """
-    clock = deadline or Deadline.starting_now(settings.deadline_s)
-    catalogue = catalogue_of(settings)
-    rules = rules if rules is not None else load_ruleset(settings)
+    clock = deadline or Deadline.starting_now(config.deadline_s)
+    rules = rules if rules is not None else load_ruleset(config.rules)
     owned = sources is None
-    built = sources or build_sources(settings, credentials=credentials)
+    built = sources or build_sources(config.sources, credentials=credentials)
     try:
         # Kept sources (the daemon's) keep their build errors; this run's probe failure is its own.
         errors = list(built.errors)
@@ -211,16 +184,15 @@ async def run_diagnosis(
         rules_end = time.monotonic() + rules_s
         diagnosis = await evaluate(
             rules,
-            settings,
+            config,
             built.sources,
             at=instant,
             errors=errors,
             record=outcomes,
-            catalogue=catalogue,
             deadline_s=rules_s,
         )
         present = await _present_names(names, rules_end)
-        return report(diagnosis, rules, outcomes, settings, built.sources, present_metrics=present)
+        return report(diagnosis, rules, outcomes, config, built.sources, present_metrics=present)
     finally:
         if owned:
             await built.aclose()
@@ -250,16 +222,19 @@ async def _probe(probe: ProbeSupplier | None, errors: list[SourceError]) -> Prob
         return None
 
 
-def check_inputs(settings: Settings, *, daemon: bool = False) -> Credentials | None:
+def check_inputs(
+    paths: Iterable[tuple[str, Path | None]], kubernetes: KubernetesSettings
+) -> Credentials | None:
     """Configured paths exist, then the Kubernetes credentials load: a kubeconfig that does not
     load is the user's configuration to fix (exit 2), not a source outage to report.
 
-    Returns the credentials (``None`` without Kubernetes), for :func:`build_sources` and leader
-    election to use rather than read the kubeconfig again.
+    ``paths`` are ``(key, path)`` as :meth:`Settings.input_paths` lists them. Returns the
+    credentials (``None`` without Kubernetes), for :func:`build_sources` and leader election to
+    use rather than read the kubeconfig again.
     """
-    check_paths(settings, daemon=daemon)
-    if not settings.kubernetes.enabled:
+    check_paths(paths)
+    if not kubernetes.enabled:
         return None
     from diagnoser.sources.kubernetes.credentials import load_credentials
 
-    return load_credentials(settings.kubernetes)
+    return load_credentials(kubernetes)

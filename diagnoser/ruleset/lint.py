@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from diagnoser.config import Settings
+from diagnoser.config import PrometheusSettings
 from diagnoser.errors import PromqlSyntaxError
 from diagnoser.models import SourceError
 from diagnoser.promql import format_duration, grouping_labels, metric_names, short_subqueries
@@ -35,7 +36,10 @@ from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.signals.expand import grouping_labels_of
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["lint_queries", "lint_static", "rule_queries"]
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
+
+__all__ = ["LintInputs", "lint_queries", "lint_static", "rule_queries"]
 
 #: Values every finding has besides its labels.
 _ALWAYS = {
@@ -49,27 +53,30 @@ _SCRAPE_DEPENDENT = {"namespace", "pod", "container", "node"}
 
 
 @dataclass(frozen=True)
-class _Lint:
-    """What linting reads of the settings, taken once: the rules' variables and the catalogue."""
+class LintInputs:
+    """What linting reads of the settings, taken once: the rules' variables, the signals, the
+    catalogue, and the Prometheus that :func:`lint_queries` asks (with its metric renames)."""
 
     variables: RuleVariables
     signals: Mapping[str, str]
     catalogue: Catalogue
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    renames: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, settings: Settings) -> _Lint:
+    def from_settings(cls, settings: Settings) -> LintInputs:
         # An unset signal still gets a syntactically valid metric name, so its query is checked too.
         signals = {"queue_length": "diagnoser_lint_unset_signal", **settings.signals}
         catalogue = load_catalogue(tuple(settings.signal_files))
-        return cls(RuleVariables.from_settings(settings), signals, catalogue)
+        variables = RuleVariables.from_settings(settings)
+        return cls(variables, signals, catalogue, settings.prometheus, dict(settings.metrics))
 
     def variables_of(self, rule: Rule) -> dict[str, object]:
         return rule.variables(self.variables, signals=self.signals)
 
 
-def lint_static(ruleset: RuleSet, settings: Settings) -> list[str]:
+def lint_static(ruleset: RuleSet, lint: LintInputs) -> list[str]:
     """Problems found without a Prometheus, one line each naming file, rule and field."""
-    lint = _Lint.of(settings)
     catalogue_metrics = lint.catalogue.metric_names()
     problems: list[str] = []
     for rule in ruleset:
@@ -93,11 +100,11 @@ def lint_static(ruleset: RuleSet, settings: Settings) -> list[str]:
     return problems
 
 
-def _raw_queries(rule: Rule, lint: _Lint) -> list[tuple[str, str]]:
+def _raw_queries(rule: Rule, lint: LintInputs) -> list[tuple[str, str]]:
     return [(where, query) for where, query, kind in _queries(rule, lint) if kind != "signal"]
 
 
-def _first_labels(rule: Rule, lint: _Lint) -> set[str] | None:
+def _first_labels(rule: Rule, lint: LintInputs) -> set[str] | None:
     """Labels the first condition's rows are sure to have; ``None`` when unknown (not PromQL)."""
     first: Condition = rule.when[0]
     if first.kind.name not in ("signal", "promql") or not isinstance(first.raw_params, dict):
@@ -127,7 +134,7 @@ def _template(alternative: object) -> str:
     return str(alternative)
 
 
-def _missing_placeholders(rule: Rule, lint: _Lint) -> list[str]:
+def _missing_placeholders(rule: Rule, lint: LintInputs) -> list[str]:
     labels = _first_labels(rule, lint)
     if labels is None:
         return []
@@ -149,11 +156,10 @@ def _missing_placeholders(rule: Rule, lint: _Lint) -> list[str]:
     return problems
 
 
-async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
+async def lint_queries(ruleset: RuleSet, lint: LintInputs) -> list[str]:
     """One line per query that the configured Prometheus rejects, naming file, rule and field."""
-    source = PrometheusSource(settings.prometheus, metric_overrides=settings.metrics)
+    source = PrometheusSource(lint.prometheus, metric_overrides=dict(lint.renames))
     try:
-        lint = _Lint.of(settings)
         checks = [(where, query) for rule in ruleset for where, query, _ in _queries(rule, lint)]
         now = datetime.now(UTC)
         # One question first: a Prometheus that cannot be reached (or is not one) is one problem,
@@ -171,12 +177,12 @@ async def lint_queries(ruleset: RuleSet, settings: Settings) -> list[str]:
     ]
 
 
-def rule_queries(rule: Rule, settings: Settings) -> list[tuple[str, str, str]]:
+def rule_queries(rule: Rule, lint: LintInputs) -> list[tuple[str, str, str]]:
     """``(where, PromQL, kind)`` for every query a rule can send; signals under every convention."""
-    return _queries(rule, _Lint.of(settings))
+    return _queries(rule, lint)
 
 
-def _queries(rule: Rule, lint: _Lint) -> list[tuple[str, str, str]]:
+def _queries(rule: Rule, lint: LintInputs) -> list[tuple[str, str, str]]:
     variables, catalogue = lint.variables_of(rule), lint.catalogue
     found: list[tuple[str, str, str]] = []
     for section, conditions in (("when", rule.when), ("evidence", rule.evidence)):

@@ -52,13 +52,8 @@ class Sources:
 
     def get(self, name: SourceName) -> object | None:
         """The source called ``name``, or ``None`` when it is not configured."""
-        if name == "prometheus":
-            return self.prometheus
-        if name == "elasticsearch":
-            return self.elasticsearch
-        if name == "kubernetes":
-            return self.kubernetes
-        return self.probe
+        found: object | None = getattr(self, name)
+        return found
 
     def clients(self) -> list[PrometheusSource | ElasticsearchSource | KubernetesSource]:
         """The sources that hold connections (all but the probe's result), to close when done."""

@@ -28,7 +28,7 @@ day, far enough apart that no window or lookback reaches another group's data.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +37,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diagnoser.config import Settings, load_settings
-from diagnoser.engine.run import BuiltSources, catalogue_of, load_ruleset, run_diagnosis
+from diagnoser.engine.config import DiagnosisConfig
+from diagnoser.engine.run import BuiltSources, load_ruleset, run_diagnosis
 from diagnoser.errors import ConfigError
 from diagnoser.models import Coverage, Diagnosis, Finding
 from diagnoser.promql import duration_seconds
@@ -172,23 +173,30 @@ class _PlannedGroup:
     group: TestGroup
     start_s: float
     rules: RuleSet
-    settings: Settings
+    config: DiagnosisConfig
 
 
-def run_rule_tests(paths: Sequence[Path], *, base_settings: Settings | None = None) -> list[CaseResult]:
-    """Run every test in ``paths`` on one local Prometheus; returns one result per finding test."""
+def run_rule_tests(
+    paths: Sequence[Path], *, base_config: Mapping[str, Any] | None = None
+) -> list[CaseResult]:
+    """Run every test in ``paths`` on one local Prometheus; returns one result per finding test.
+
+    Each file's ``config:`` is merged over ``base_config`` (the configuration as data, as
+    ``Settings.model_dump(mode="json")`` writes it; default: the settings of the environment),
+    its ``prometheus`` section left out since the tests bring their own.
+    """
     planned: list[_PlannedGroup] = []
     samples: list[tuple[SeriesSpec, float, float]] = []
     natives: list[HistogramSeries] = []
     for path in paths:
         spec = load_test_file(path)
-        settings = _settings_for(spec, base_settings)
-        rules = _rules_for(path, spec, settings)
+        config = DiagnosisConfig.from_settings(_settings_for(spec, base_config))
+        rules = _rules_for(path, spec, config)
         if rules.problems:
             raise ConfigError("\n".join(str(p) for p in rules.problems))
         for group in spec.tests:
             start = TIMELINE_START_S + GROUP_SPACING_S * len(planned)
-            planned.append(_PlannedGroup(path, spec, group, start, rules, settings))
+            planned.append(_PlannedGroup(path, spec, group, start, rules, config))
             samples.extend(_group_samples(group, start))
             natives.extend(_native_series(group, start))
     if not natives:
@@ -228,10 +236,11 @@ def backfill_text(path: Path) -> tuple[str, list[float]]:
     return to_openmetrics(samples), starts
 
 
-def _settings_for(spec: RuleTestFile, base: Settings | None) -> Settings:
-    base = base or load_settings()
-    overrides = dict(spec.config)
-    return load_settings(overrides=_merge(base.model_dump(mode="json", exclude={"prometheus"}), overrides))
+def _settings_for(spec: RuleTestFile, base: Mapping[str, Any] | None) -> Settings:
+    if base is None:
+        base = load_settings().model_dump(mode="json")
+    without_prometheus = {key: value for key, value in base.items() if key != "prometheus"}
+    return load_settings(overrides=_merge(without_prometheus, dict(spec.config)))
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -245,11 +254,11 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _rules_for(path: Path, spec: RuleTestFile, settings: Settings) -> RuleSet:
+def _rules_for(path: Path, spec: RuleTestFile, config: DiagnosisConfig) -> RuleSet:
     if not spec.rule_files:
-        return load_ruleset(settings)
+        return load_ruleset(config.rules)
     files = [(path.parent / name).resolve() for name in spec.rule_files]
-    return load_rules(files, include_builtin=False, catalogue=catalogue_of(settings))
+    return load_rules(files, include_builtin=False, catalogue=config.catalogue)
 
 
 def _group_samples(group: TestGroup, start: float) -> Iterable[tuple[SeriesSpec, float, float]]:
@@ -267,7 +276,8 @@ async def _evaluate_all(planned: list[_PlannedGroup], url: str) -> list[CaseResu
     results: list[CaseResult] = []
     for plan in planned:
         source = PrometheusSource(
-            plan.settings.prometheus.model_copy(update={"url": url}), metric_overrides=plan.settings.metrics
+            plan.config.sources.prometheus.model_copy(update={"url": url}),
+            metric_overrides=dict(plan.config.sources.metrics),
         )
         try:
             for test in plan.group.finding_tests:
@@ -291,7 +301,7 @@ async def _run_case(plan: _PlannedGroup, test: FindingTest, source: PrometheusSo
     # The pipeline of ``diagnose now``: the same coverage, silences and ranking.
     chosen = RuleSet(rules={rule.id: rule for rule in selected})
     diagnosis = await run_diagnosis(
-        plan.settings, rules=chosen, at=at, sources=BuiltSources(Sources(prometheus=source))
+        plan.config, rules=chosen, at=at, sources=BuiltSources(Sources(prometheus=source))
     )
     result.coverage = diagnosis.coverage
     result.problems.extend(f"source error: {e}" for e in diagnosis.errors)

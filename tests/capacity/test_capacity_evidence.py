@@ -21,6 +21,7 @@ import pytest
 
 from diagnoser.capacity.evidence import evaluate_step, step_window_s
 from diagnoser.config import PrometheusSettings, Settings
+from diagnoser.engine import DiagnosisConfig
 from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
@@ -106,7 +107,7 @@ async def test_a_step_is_evaluated_with_its_last_scrape_in(exposition: SlowExpos
             exposition.level = 0  # the step is over: the next scrapes read no load
             settings = Settings(prometheus=PrometheusSettings(url=prometheus.url))
             diagnosis = await evaluate_step(
-                rules, settings, Sources(prometheus=source), started_at=started_at, ended_at=ended_at
+                rules, DiagnosisConfig.from_settings(settings), Sources(prometheus=source), started_at=started_at, ended_at=ended_at
             )
             # A 1 s window holds at most one scrape every 2 s: widened until it holds two.
             widened = await step_window_s(source, ended_at, 1)

@@ -19,6 +19,7 @@ import pytest
 from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck
 from diagnoser.capacity.evidence import evaluate_step
 from diagnoser.config import PrometheusSettings, Settings, Silence
+from diagnoser.engine import DiagnosisConfig
 from diagnoser.ruleset import RuleSet, load_rules
 from diagnoser.sources import Sources
 from diagnoser.sources.prometheus import PrometheusSource
@@ -64,7 +65,7 @@ async def _step(rules: RuleSet, settings: Settings, url: str):  # type: ignore[n
     source = PrometheusSource(PrometheusSettings(url=url, query_timeout_s=10))
     try:
         return await evaluate_step(
-            rules, settings, Sources(prometheus=source), started_at=END - timedelta(seconds=60), ended_at=END
+            rules, DiagnosisConfig.from_settings(settings), Sources(prometheus=source), started_at=END - timedelta(seconds=60), ended_at=END
         )
     finally:
         await source.aclose()

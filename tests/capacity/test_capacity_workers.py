@@ -12,9 +12,8 @@ import os
 import signal
 
 from diagnoser.capacity.report import CapacityReport, Limit
-from diagnoser.capacity.run import CapacityOptions, CapacityRun
+from diagnoser.capacity.run import CapacityInputs, CapacityOptions, CapacityRun
 from diagnoser.capacity.step import StepPlan
-from diagnoser.config import Settings
 from diagnoser.probe import build_spec
 from diagnoser.probe.entry import run_event_loop
 from diagnoser.probe.worker import WorkerLimits
@@ -32,7 +31,7 @@ def test_a_worker_killed_during_a_step_fails_that_step_clearly(delay_server: Del
         pool = WorkerPool(2, limits=WorkerLimits.allowing("127.0.0.1"))
         await pool.start()
         try:
-            run = CapacityRun(plan, Settings(), options, launcher=pool)
+            run = CapacityRun(plan, CapacityInputs(), options, launcher=pool)
             task = asyncio.get_running_loop().create_task(run.run())
             await asyncio.sleep(1.5)
             victim = pool.members()[0].pid

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from diagnoser.config import ElasticsearchSettings, Settings
-from diagnoser.engine import diagnose
+from diagnoser.engine import DiagnosisConfig, diagnose
 from diagnoser.models import Diagnosis
 from diagnoser.ruleset import Rule, load_rules
 from diagnoser.sources import Sources
@@ -70,7 +70,7 @@ def _source(source_for: SourceFactory, target: EsFixtureServer | str, settings: 
 
 
 async def _diagnose(rules: list[Rule], settings: Settings, source: ElasticsearchSource | None) -> Diagnosis:
-    return await diagnose(rules, settings, Sources(elasticsearch=source), at=AT)
+    return await diagnose(rules, DiagnosisConfig.from_settings(settings), Sources(elasticsearch=source), at=AT)
 
 
 def _by_rule(diagnosis: Diagnosis) -> dict[str, list[dict[str, str]]]:

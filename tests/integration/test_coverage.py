@@ -7,7 +7,8 @@ import json
 import pytest
 
 from diagnoser.config import Settings
-from diagnoser.engine.coverage import metric_names_in, metric_names_of
+from diagnoser.engine import DiagnosisConfig, RulePack
+from diagnoser.engine.coverage import CoverageInputs, metric_names_in, metric_names_of
 from diagnoser.engine.run import load_ruleset
 from tests.conftest import IncidentPrometheus, run_cli, run_cli_here
 
@@ -31,8 +32,8 @@ def test_metric_names_in_promql(query: str, expected: set[str]) -> None:
 
 def test_metric_names_of_a_rule_follow_renames() -> None:
     settings = Settings(metrics={"hikaricp_connections_max": "app_hikari_max"})
-    rule = load_ruleset(settings).rules["pools/pool-exhaustion"]
-    names = metric_names_of(rule, settings)
+    rule = load_ruleset(RulePack.from_settings(settings)).rules["pools/pool-exhaustion"]
+    names = metric_names_of(rule, CoverageInputs.of(DiagnosisConfig.from_settings(settings)))
     assert "app_hikari_max" in names and "hikaricp_connections_max" not in names
     assert "hikaricp_connections_active" in names
 

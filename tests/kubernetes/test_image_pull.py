@@ -8,8 +8,7 @@ import pytest
 
 from diagnoser.checks.k8s.image_pull import ImageReference, classify_pull_error
 from diagnoser.checks.registry import CheckContext, check_kinds
-from diagnoser.config import Settings
-from diagnoser.engine import diagnose
+from diagnoser.engine import DiagnosisConfig, diagnose
 from diagnoser.models import Evidence, SourceError
 from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
@@ -166,7 +165,7 @@ async def test_the_rule_names_registry_reason_and_fix(serve, source_for) -> None
     ruleset = load_rules([], include_builtin=True)
     rules = [rule for rule in ruleset if rule.id.startswith("kubernetes/") and rule.id.endswith("-api")]
     source = source_for(serve(scenarios.image_pull_backoff(failure="unauthorized")))
-    diagnosis = await diagnose(rules, Settings(), Sources(kubernetes=source), at=AT)
+    diagnosis = await diagnose(rules, DiagnosisConfig(), Sources(kubernetes=source), at=AT)
     assert diagnosis.errors == []
     assert [f.rule_id for f in diagnosis.findings] == ["kubernetes/image-pull-backoff-api"]
     finding = diagnosis.findings[0]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from diagnoser.cli import app
 from diagnoser.config import Settings
-from diagnoser.engine import diagnose
+from diagnoser.engine import DiagnosisConfig, diagnose
 from diagnoser.ruleset import builtin_rules_dir, load_rules
 from diagnoser.sources import Sources
 from tests.fixtures.k8s import scenarios
@@ -64,7 +64,7 @@ def settings(**rule_params: dict[str, Any]) -> Settings:
 @pytest.mark.parametrize(("scenario", "expected"), EXPECTED, ids=[e[0].__name__ for e in EXPECTED])
 async def test_each_rule_fires_on_its_scenario_only(serve, source_for, scenario, expected) -> None:
     source = source_for(serve(scenario()))
-    diagnosis = await diagnose(my_rules(), settings(), Sources(kubernetes=source), at=AT)
+    diagnosis = await diagnose(my_rules(), DiagnosisConfig.from_settings(settings()), Sources(kubernetes=source), at=AT)
     assert diagnosis.errors == []
     fired = {f.rule_id.removeprefix("kubernetes/") for f in diagnosis.findings}
     assert fired == expected
@@ -84,7 +84,7 @@ async def test_cross_zone_without_latency_is_info(serve, source_for) -> None:
         }
     )
     source = source_for(serve(scenarios.cross_zone()))
-    diagnosis = await diagnose(my_rules(), config, Sources(kubernetes=source), at=AT)
+    diagnosis = await diagnose(my_rules(), DiagnosisConfig.from_settings(config), Sources(kubernetes=source), at=AT)
     assert [(f.rule_id, f.severity.value) for f in diagnosis.findings] == [
         ("kubernetes/dependency-cross-zone-unmeasured-api", "info")
     ]
@@ -95,7 +95,7 @@ async def test_forbidden_resource_is_an_error_entry_and_other_rules_still_run(se
     cluster = scenarios.metrics_server_missing()
     cluster.add("persistentvolumeclaims", *scenarios.pvc_pending().objects["persistentvolumeclaims"][1:])
     source = source_for(serve(cluster, forbidden={"pods"}))
-    diagnosis = await diagnose(my_rules(), settings(), Sources(kubernetes=source), at=AT)
+    diagnosis = await diagnose(my_rules(), DiagnosisConfig.from_settings(settings()), Sources(kubernetes=source), at=AT)
     fired = {f.rule_id for f in diagnosis.findings}
     assert {"kubernetes/metrics-server-missing-api", "kubernetes/pvc-pending-storage-class-api"} <= fired
     assert "sources/kubernetes-unavailable" in fired
@@ -107,7 +107,7 @@ async def test_forbidden_resource_is_an_error_entry_and_other_rules_still_run(se
 
 async def test_missing_api_group_is_reported(serve, source_for) -> None:
     source = source_for(serve(scenarios.cross_zone(), unserved_groups={"discovery.k8s.io"}))
-    diagnosis = await diagnose(my_rules(), settings(), Sources(kubernetes=source), at=AT)
+    diagnosis = await diagnose(my_rules(), DiagnosisConfig.from_settings(settings()), Sources(kubernetes=source), at=AT)
     assert any('API group "discovery.k8s.io" missing' in e.message for e in diagnosis.errors)
     assert "kubernetes/dependency-cross-zone-api" not in {f.rule_id for f in diagnosis.findings}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from diagnoser.config import KubernetesSettings, LeaderElectionSettings, Settings
 from diagnoser.daemon.leader import LeaseElector
-from diagnoser.engine import run_diagnosis
+from diagnoser.engine import DiagnosisConfig, run_diagnosis
 from diagnoser.engine.run import check_inputs
 from diagnoser.probe.result import ProbeResult
 from diagnoser.ruleset import RuleSet, load_rules
@@ -43,10 +43,10 @@ async def test_the_probe_spends_the_runs_deadline(serve, tmp_path: Path) -> None
         return None
 
     # Without a probe the slow API server still answers within the deadline...
-    alone = await run_diagnosis(settings, rules=oom_rule(), at=AT)
+    alone = await run_diagnosis(DiagnosisConfig.from_settings(settings), rules=oom_rule(), at=AT)
     assert [f.rule_id for f in alone.findings] == [RULE], alone.errors
     # ...but the probe's seconds come out of the same budget: what is left is too short.
-    after_probe = await run_diagnosis(settings, rules=oom_rule(), at=AT, probe=slow_probe)
+    after_probe = await run_diagnosis(DiagnosisConfig.from_settings(settings), rules=oom_rule(), at=AT, probe=slow_probe)
     assert RULE not in [f.rule_id for f in after_probe.findings]
     assert [e.message for e in after_probe.errors] == ["no answer before the diagnosis deadline"]
 
@@ -55,10 +55,10 @@ async def test_the_kubeconfig_is_read_once_per_run(serve, tmp_path: Path) -> Non
     server = serve(scenarios.oom_killed())
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     settings = Settings(kubernetes=kubernetes(kubeconfig))
-    credentials = check_inputs(settings)
+    credentials = check_inputs(settings.input_paths(), settings.kubernetes)
     assert credentials is not None
     kubeconfig.unlink()  # read by the input check: neither the source nor leader election reads it again
-    diagnosis = await run_diagnosis(settings, rules=oom_rule(), at=AT, credentials=credentials)
+    diagnosis = await run_diagnosis(DiagnosisConfig.from_settings(settings), rules=oom_rule(), at=AT, credentials=credentials)
     assert diagnosis.errors == []
     assert [f.rule_id for f in diagnosis.findings] == [RULE]
     elector = LeaseElector.from_settings(settings.kubernetes, LeaderElectionSettings(), credentials=credentials)

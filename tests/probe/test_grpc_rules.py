@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diagnoser.config import ProbeSettings, Settings
-from diagnoser.engine import diagnose
+from diagnoser.config import ProbeSettings
+from diagnoser.engine import DiagnosisConfig, diagnose
 from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis
 from diagnoser.probe import ProbeResult, ProbeRun, build_spec
@@ -25,7 +25,7 @@ async def _probe(server: GrpcServer, data: str, rate: float = 60, duration_s: fl
 
 
 async def _diagnose(result: ProbeResult) -> Diagnosis:
-    return await diagnose(PROBE_RULES, Settings(), Sources(probe=result))
+    return await diagnose(PROBE_RULES, DiagnosisConfig(), Sources(probe=result))
 
 
 def _fired(diagnosis: Diagnosis) -> dict[str, str]:

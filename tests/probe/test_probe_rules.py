@@ -9,7 +9,7 @@ import pytest
 
 from diagnoser.checks.probe import ProbeParams, probe_check, read_field
 from diagnoser.config import ProbeSettings, Settings
-from diagnoser.engine import diagnose
+from diagnoser.engine import DiagnosisConfig, diagnose
 from diagnoser.models import Diagnosis
 from diagnoser.probe import ProbeResult, ProbeRun, build_spec, prepare_probe, spec_from_url
 from diagnoser.ruleset import load_rules
@@ -27,7 +27,7 @@ async def _probe(url: str, rate: float = 60, duration_s: float = 0.5) -> ProbeRe
 async def _diagnose(result: ProbeResult | None, **slo: float) -> Diagnosis:
     settings = Settings.model_validate({"slo": slo} if slo else {})
     # The diagnosis carries the probe result it read, as diagnose now and the daemon report it.
-    return await diagnose(PROBE_RULES, settings, Sources(probe=result))
+    return await diagnose(PROBE_RULES, DiagnosisConfig.from_settings(settings), Sources(probe=result))
 
 
 def _fired(diagnosis: Diagnosis) -> dict[str, str]:
@@ -99,7 +99,7 @@ async def test_a_probe_file_with_a_json_path_reports_an_empty_features_map(
     probe = prepare_probe(str(path), rate=10, duration_s=10, settings=settings.probe)
     result = await probe()
     assert result.sent == 20  # the file's schedule, not the flags' defaults
-    diagnosis = await diagnose(PROBE_RULES, settings, Sources(probe=result))
+    diagnosis = await diagnose(PROBE_RULES, DiagnosisConfig.from_settings(settings), Sources(probe=result))
     finding = next(f for f in diagnosis.findings if f.cause == "empty_success_response")
     assert '200 {"features": {}}' in finding.summary
     assert "missing_path 20 of 20 requests" in finding.summary

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.config import PrometheusSettings, Settings
-from diagnoser.engine import run_diagnosis
+from diagnoser.engine import DiagnosisConfig, run_diagnosis
 from diagnoser.ruleset import load_rules
 from diagnoser.testing.prometheus import LocalPrometheus
 from diagnoser.testing.rules import backfill_text, run_rule_tests
@@ -70,7 +70,7 @@ def test_a_rule_test_case_has_the_coverage_diagnose_now_reports(tmp_path: Path) 
     at = datetime.fromtimestamp(start + 15 * 60, UTC)
     rules = load_rules([tmp_path / "rules"], include_builtin=False)
     with LocalPrometheus(openmetrics=text) as prometheus:
-        now = asyncio.run(run_diagnosis(Settings(prometheus=PrometheusSettings(url=prometheus.url)),
+        now = asyncio.run(run_diagnosis(DiagnosisConfig.from_settings(Settings(prometheus=PrometheusSettings(url=prometheus.url))),
                                         rules=rules, at=at))
     assert now.coverage is not None
     assert [r.model_dump() for r in case.coverage.rules] == [r.model_dump() for r in now.coverage.rules]

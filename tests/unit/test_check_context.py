@@ -10,11 +10,11 @@ from pathlib import Path
 
 from diagnoser.checks import CheckContext, check_kinds
 from diagnoser.config import Settings
-from diagnoser.engine import load_ruleset
-from diagnoser.engine.coverage import metric_names_of
+from diagnoser.engine import DiagnosisConfig, RulePack, load_ruleset
+from diagnoser.engine.coverage import CoverageInputs, metric_names_of
 from diagnoser.engine.evaluate import evaluate
 from diagnoser.ruleset import load_rules
-from diagnoser.ruleset.lint import lint_static
+from diagnoser.ruleset.lint import LintInputs, lint_static
 from diagnoser.sources import Sources
 
 CATALOGUE = """\
@@ -59,15 +59,17 @@ def _user_catalogue(tmp_path: Path) -> Settings:
 
 def test_rules_naming_a_configured_signal_load_evaluate_and_lint_with_it(tmp_path: Path) -> None:
     settings = _user_catalogue(tmp_path)
-    ruleset = load_ruleset(settings)
+    ruleset = load_ruleset(RulePack.from_settings(settings))
     assert [str(p) for p in ruleset.problems] == []
     rule = ruleset.rules["queues/acme-backlog"]
-    assert metric_names_of(rule, settings) == {"acme_queue_waiting"}
-    assert lint_static(ruleset, settings) == []
+    assert metric_names_of(rule, CoverageInputs.of(DiagnosisConfig.from_settings(settings))) == {
+        "acme_queue_waiting"
+    }
+    assert lint_static(ruleset, LintInputs.from_settings(settings)) == []
     # Evaluated with the same catalogue: without Prometheus the rule is skipped, not failed.
     outcomes: list = []
     at = datetime(2026, 11, 29, tzinfo=UTC)
-    asyncio.run(evaluate([rule], settings, Sources(), at=at, record=outcomes))
+    asyncio.run(evaluate([rule], DiagnosisConfig.from_settings(settings), Sources(), at=at, record=outcomes))
     assert [(o.skipped, o.errors) for o in outcomes] == [("source prometheus not configured", [])]
 
 
@@ -76,6 +78,6 @@ def test_without_the_configured_catalogue_the_signal_is_unknown(tmp_path: Path) 
     loaded = load_rules(settings.rule_dirs, include_builtin=False)  # the shipped catalogue only
     assert "unknown signal 'queue.depth'" in " ".join(str(p) for p in loaded.problems)
     # ...and loading with it once leaves no trace for the next load.
-    load_ruleset(settings)
+    load_ruleset(RulePack.from_settings(settings))
     again = load_rules(settings.rule_dirs, include_builtin=False)
     assert "unknown signal 'queue.depth'" in " ".join(str(p) for p in again.problems)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagnoser.checks import CheckContext, CheckResult, check_kind
 from diagnoser.config import load_settings
-from diagnoser.engine import diagnose, rank_findings
+from diagnoser.engine import DiagnosisConfig, diagnose, rank_findings
 from diagnoser.models import Evidence, Finding, Severity, SourceError
 from diagnoser.ruleset import load_rules
 from diagnoser.sources import Sources
@@ -66,7 +66,7 @@ def run(root: Path, deadline: float = 5.0) -> tuple[list[Finding], list[SourceEr
     rules = load_rules([root], include_builtin=False)
     assert not rules.problems, rules.problems
     started = time.perf_counter()
-    diagnosis = asyncio.run(diagnose(rules, settings, SOURCES, at=datetime(2026, 11, 29, tzinfo=UTC)))
+    diagnosis = asyncio.run(diagnose(rules, DiagnosisConfig.from_settings(settings), SOURCES, at=datetime(2026, 11, 29, tzinfo=UTC)))
     return diagnosis.findings, diagnosis.errors, time.perf_counter() - started
 
 

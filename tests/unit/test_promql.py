@@ -20,6 +20,7 @@ from diagnoser.promql import (
     duration_seconds,
     format_duration,
     grouping_labels,
+    is_duration,
     is_selector,
     metric_names,
     normalise,
@@ -29,7 +30,7 @@ from diagnoser.promql import (
     rewrite,
 )
 from diagnoser.ruleset import load_rules
-from diagnoser.ruleset.lint import lint_static, rule_queries
+from diagnoser.ruleset.lint import LintInputs, lint_static, rule_queries
 
 
 def _pack() -> list[tuple[str, str]]:
@@ -37,7 +38,7 @@ def _pack() -> list[tuple[str, str]]:
     ruleset = load_rules([])
     assert ruleset.problems == []
     settings = Settings()
-    return [(where, query) for rule in ruleset for where, query, _ in rule_queries(rule, settings)]
+    return [(where, query) for rule in ruleset for where, query, _ in rule_queries(rule, LintInputs.from_settings(settings))]
 
 
 PACK = _pack()
@@ -172,19 +173,39 @@ def test_lint_names_the_rule_whose_query_does_not_parse(tmp_path: Path) -> None:
         "when:\n  - promql: {query: 'sum(rate(x_total[5m])'}\n",
         encoding="utf-8",
     )
-    problems = lint_static(load_rules([tmp_path], include_builtin=False), Settings())
+    problems = lint_static(load_rules([tmp_path], include_builtin=False), LintInputs.from_settings(Settings()))
     assert len(problems) == 1
     assert "rule team/broken: field when[0].promql.query: PromQL does not parse" in problems[0]
     assert "sum(rate(x_total[5m])" in problems[0]
 
 
-def test_one_duration_parser() -> None:
-    assert duration_seconds("1h30m") == 5400.0
-    assert duration_seconds("250ms") == 0.25
-    assert duration_seconds("1y") == 365 * 86400
-    for bad in ("", "5", "1.5h", "5 m", "-5m", "5x"):
-        with pytest.raises(ValueError, match="not a PromQL duration"):
-            duration_seconds(bad)
+@pytest.mark.parametrize(
+    ("text", "seconds", "in_promql"),
+    [
+        # Prometheus' spellings (ranges, offset, flags, rule files): what they meant before Go's joined.
+        ("5m", 300.0, True), ("1h30m", 5400.0, True), ("250ms", 0.25, True), ("90s", 90.0, True),
+        ("2d", 172_800.0, True), ("1w", 604_800.0, True), ("1y", 365 * 86400.0, True),
+        ("1d12h", 129_600.0, True), ("5ms", 0.005, True),
+        # Go's (time.Duration.String(), as the kubelet writes an image pull's time).
+        ("1m2.345s", 62.345, False), ("1h2m3.5s", 3723.5, False), ("350ms", 0.35, True),
+        ("2.5s", 2.5, False), ("1.5h", 5400.0, False), (".5s", 0.5, False), ("1.5\u00b5s", 1.5e-6, False),
+        ("1.5\u03bcs", 1.5e-6, False), ("3us", 3e-6, False), ("40ns", 4e-8, False), ("0", 0.0, False),
+        (" 3s ", 3.0, False),
+    ],
+)
+def test_one_duration_parser_reads_every_spelling(text: str, seconds: float, in_promql: bool) -> None:
+    assert duration_seconds(text) == pytest.approx(seconds, rel=1e-12)
+    assert is_duration(text) is in_promql
+
+
+@pytest.mark.parametrize("bad", ["", "5", "1m2", "5 m", "2 s", "-5m", "+5m", "5x", "ms", "1.2.3s", "1e3s", "."])
+def test_durations_without_a_unit_or_with_a_sign_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"is not a duration like 30s, 5m, 1h30m or 1m2\.345s"):
+        duration_seconds(bad)
+    assert not is_duration(bad)
+
+
+def test_durations_print_as_prometheus_writes_them() -> None:
     assert [format_duration(s) for s in (90, 3600, 0.25, 86400 * 8)] == ["1m30s", "1h", "250ms", "1w1d"]
 
 

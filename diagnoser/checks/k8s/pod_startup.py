@@ -28,9 +28,9 @@ from diagnoser.checks.k8s.common import (
 )
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
+from diagnoser.promql import duration_seconds
 from diagnoser.sources.kubernetes.objects import (
     condition,
-    go_duration_seconds,
     parse_time,
     percentile,
     workload_of,
@@ -118,6 +118,13 @@ def _start_durations(
     return starts
 
 
+def _seconds_or_none(text: str) -> float | None:
+    try:
+        return duration_seconds(text)
+    except ValueError:  # a message this check does not understand counts no pull
+        return None
+
+
 def _pull_durations(
     events: list[dict[str, Any]], pod_workload: dict[tuple[str, str], _Workload], start: datetime
 ) -> dict[_Workload, list[float]]:
@@ -126,7 +133,7 @@ def _pull_durations(
     for event, _ in recent_events(events, frozenset({"Pulled"}), start, "Pod"):
         match = _PULLED.search(str(event.get("message", "")))
         owner = pod_workload.get(involved(event))
-        took = go_duration_seconds(match.group(1)) if match else None
+        took = _seconds_or_none(match.group(1)) if match else None
         if took is not None and owner:
             pulls[owner].append(took)
     return pulls

@@ -19,7 +19,6 @@ __all__ = [
     "condition",
     "event_time",
     "format_bytes",
-    "go_duration_seconds",
     "labels_match",
     "parse_label_selector",
     "parse_quantity",
@@ -48,27 +47,6 @@ _SUFFIXES: dict[str, Decimal] = {
     "E": Decimal("1e18"),
 }
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-
-
-#: Go's duration units (``time.ParseDuration``): nanoseconds to hours; ``µ`` and ``μ`` both mean micro.
-_GO_UNITS = {
-    "ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
-}  # fmt: skip
-_GO_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
-_GO_DURATION = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+|[+-]?0")
-
-
-def go_duration_seconds(text: str) -> float | None:
-    """A Go duration (``time.Duration.String()``, as Kubernetes events write them) in seconds.
-
-    Every form ``time.ParseDuration`` reads: ``1m2.345s``, ``1h2m3.5s``, ``350ms``, ``1.5µs``,
-    ``-2s``, ``0``; ``None`` for anything else.
-    """
-    text = text.strip()
-    if not _GO_DURATION.fullmatch(text):
-        return None
-    sign = -1.0 if text.startswith("-") else 1.0
-    return sign * sum(float(number) * _GO_UNITS[unit] for number, unit in _GO_PART.findall(text))
 
 
 def parse_time(value: Any) -> datetime | None:
