@@ -23,7 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, shared_bed
+
+#: One worker builds the outcomes (a driver forking a child per case), not every worker that
+#: picks a case.
+pytestmark = shared_bed(__name__)
 
 DRIVER = REPO / "tests" / "fixtures" / "cli_forks.py"
 
