@@ -315,6 +315,10 @@ class Finding(BaseModel):
     recommendation: str = ""
     runbook_url: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
+    #: The onset: when the signal behind the finding left its baseline, as the rule detected it
+    #: from the series (``None`` when the rule cannot tell). "Since when" in texts, the baseline
+    #: window's end, and the incident's opened time all start here.
+    since: datetime | None = None
     explains: list[str] = Field(default_factory=list, exclude=True)
 
     @property
