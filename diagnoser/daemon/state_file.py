@@ -117,6 +117,11 @@ _OUTBOX_ADDED_COLUMNS = {
     "receiver": "TEXT",
 }
 _ADDED_COLUMNS["outbox"] = _OUTBOX_ADDED_COLUMNS
+_ADDED_COLUMNS["incidents"] = {
+    # When its thread was told that its rules could not read their evidence (told once per
+    # outage; cleared when they can again).
+    "unread_since": "REAL",
+}
 _ADDED_COLUMNS["dead_letters"] = {
     "incident_id": "INTEGER",
     "marker": "TEXT",
