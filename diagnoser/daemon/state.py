@@ -50,6 +50,7 @@ from diagnoser.config.receivers import Match, Route
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
+from diagnoser.daemon.state_upgrade import adopt_older_rows
 from diagnoser.models import Diagnosis, Finding, Severity, service_of
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import (
@@ -99,6 +100,9 @@ class StateStore:
         #: whichever sender the daemon has.
         self.routes = tuple(routes)
         self._primary = self.routes[0].name if self.routes else None
+        if self._file.upgraded:
+            with self._write("take over an older release's rows") as db:
+                adopt_older_rows(db)
 
     def _is_primary(self, receiver: str | None) -> bool:
         """The first receiver keeps its positions on the incident (where an older file has them)."""
