@@ -352,6 +352,10 @@ class SourceError(BaseModel):
     #: ``deadline``: the diagnosis deadline cut a rule short. Not in the JSON contract: it only
     #: lets an endpoint failure absorb the deadline entries it caused (one cause, one entry).
     scope: Literal["query", "endpoint", "deadline"] = Field(default="query", exclude=True)
+    #: The rules this error affected, in a report's collapsed entries: those it kept from running
+    #: (:attr:`Diagnosis.rules_not_run`: never read as "clear") and those it left without a
+    #: piece of their evidence.
+    rules: list[str] = Field(default_factory=list)
 
     @field_validator("message")
     @classmethod
@@ -450,6 +454,15 @@ class Diagnosis(BaseModel):
     @field_serializer("evaluated_at")
     def _rfc3339(self, value: datetime) -> str:
         return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @property
+    def rules_not_run(self) -> dict[str, str]:
+        """Each rule that could not run in this diagnosis (its source failed, it threw, the
+        deadline cut it short), with the error that stopped it: its silence is no evidence."""
+        if self.coverage is not None:
+            failed = [r for r in self.coverage.rules if r.status == "error"]
+            return {r.rule_id: f"{r.source}: {r.reason or 'error'}" for r in failed}
+        return {rule: str(error) for error in self.errors for rule in error.rules}
 
     @property
     def exit_code(self) -> int:

@@ -21,19 +21,18 @@ __all__ = ["REDACTED", "redact_url", "scrub", "scrub_text"]
 
 REDACTED = "***"
 
-#: Query parameters that carry a credential by convention (OAuth, cloud SDKs, Grafana, ES).
-_SECRET_PARAMS = re.compile(
-    r"(?i)^(access_token|token|api_key|apikey|key|password|passwd|pwd|secret|client_secret|"
-    r"auth|authorization|sig|signature|x-amz-signature|x-goog-signature)$"
+#: Query parameters that carry a credential by convention (OAuth, cloud SDKs, Grafana, ES,
+#: signed webhook URLs).
+_SECRET_NAMES = (
+    r"access_token|token|api_key|apikey|key|code|password|passwd|pwd|secret|client_secret|"
+    r"auth|authorization|sig|signature|x-amz-signature|x-amz-security-token|x-goog-signature"
 )
+_SECRET_PARAMS = re.compile(rf"(?i)^({_SECRET_NAMES})$")
 #: ``scheme://userinfo@``: userinfo stops at the first '/', '@', whitespace or quote, so a '@'
 #: later in a path or a sentence is not taken for one.
 _USERINFO_IN_TEXT = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/@\s\"'<>]+@")
 #: ``name=value`` of a secret query parameter inside a URL quoted in text.
-_SECRET_PARAM_IN_TEXT = re.compile(
-    r"(?i)([?&](?:access_token|token|api_key|apikey|password|passwd|pwd|secret|client_secret|"
-    r"sig|signature|x-amz-signature|x-goog-signature)=)[^&\s\"'<>#]+"
-)
+_SECRET_PARAM_IN_TEXT = re.compile(rf"(?i)([?&](?:{_SECRET_NAMES})=)[^&\s\"'<>#]+")
 
 
 def redact_url(url: str) -> str:
@@ -60,9 +59,11 @@ def redact_url(url: str) -> str:
 
 def scrub_text(text: str) -> str:
     """``text`` with credentials removed from every URL quoted in it."""
-    if "://" not in text:
+    if "://" in text:
+        text = _USERINFO_IN_TEXT.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    if "=" not in text:
         return text
-    text = _USERINFO_IN_TEXT.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    # A path and query quoted without its scheme (``/hook?key=...``) loses its secrets too.
     return _SECRET_PARAM_IN_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
 
 

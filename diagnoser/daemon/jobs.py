@@ -75,8 +75,9 @@ class DiagnoseJob:
     def __init__(self, host: JobHost) -> None:
         self.host = host
         self.runs = 0
-        #: When the last diagnosis finished (monotonic), for readiness.
+        #: When the last diagnosis finished (monotonic), and that diagnosis, for readiness.
         self.last_finished: float | None = None
+        self.last_diagnosis: Diagnosis | None = None
         self.policy = IncidentPolicy.from_settings(host.settings)
 
     async def __call__(self) -> Diagnosis:
@@ -87,6 +88,7 @@ class DiagnoseJob:
         seconds = time.perf_counter() - started
         self.runs += 1
         self.last_finished = time.monotonic()
+        self.last_diagnosis = diagnosis
         host.metrics.last_diagnosis.set(time.time())
         try:
             queued = self._record(host.state, diagnosis)

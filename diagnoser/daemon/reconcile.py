@@ -10,21 +10,23 @@ matched to the incident that already holds one of its findings, or to one resolv
 - **open**: the message is edited (``update``) when its lead (the cause), severity or headline
   number changes materially; a severity change or a new cause also gets a thread reply (a new
   cause at most once per ``reply_min_interval_s``); a reminder after the cooldown;
-- **clear**: gone from a diagnosis (and not because a source it reads failed, nor a silence) it
-  is resolved only after ``resolve_after`` without it; back before that, nothing is said;
+- **clear**: gone from a diagnosis (and not because a silence keeps it quiet) it is resolved only
+  after ``resolve_after`` without it; back before that, nothing is said;
+- **held**: gone because its rule could not run (its source failed, it threw, the deadline cut it
+  short): neither cleared nor resolved, and its thread is told once per outage;
 - an incident whose first message was dead-lettered is resolved silently.
 
 Two incidents that one cause now explains are merged into the older one; the other's message
 says where it went. ::
 
     book = IncidentBook(db, policy, now=time.time())
-    decisions = book.reconcile(groups, carried=set())
+    decisions = book.reconcile(groups, carried=set(), unread={})
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from sqlite3 import Connection
 
@@ -71,6 +73,7 @@ class _Row:
     last_notified: float | None
     landed: int
     last_edit_at: float | None = None
+    unread_since: float | None = None
 
     @classmethod
     def load(cls, row: tuple[object, ...]) -> _Row:
@@ -86,6 +89,7 @@ class _Row:
             _float(row[8]),
             int(str(row[9])),
             _float(row[10]),
+            _float(row[11]),
         )
 
 
@@ -95,7 +99,7 @@ def _float(value: object) -> float | None:
 
 _COLUMNS = (
     "id, status, members, view, opened_at, cleared_at, resolved_at, last_reply_at, last_notified, landed,"
-    " last_edit_at"
+    " last_edit_at, unread_since"
 )
 
 
@@ -108,8 +112,12 @@ class IncidentBook:
         self.now = now
         self.notify = notify
 
-    def reconcile(self, findings: Sequence[Finding], *, carried: set[str]) -> list[Decision]:
-        """What to say about this cycle's ranked ``findings``; ``carried``: identities still there, unseen."""
+    def reconcile(
+        self, findings: Sequence[Finding], *, carried: set[str], unread: Mapping[str, str] | None = None
+    ) -> list[Decision]:
+        """What to say about this cycle's ranked ``findings``; ``carried``: identities still there,
+        unseen (silenced); ``unread``: identities whose rule could not run, with the error why."""
+        unread = unread or {}
         live = self._load("status IN ('pending', 'open') ORDER BY id", ())
         recent = (
             self._load(
@@ -128,9 +136,12 @@ class IncidentBook:
             if row.status == "merged":
                 continue
             if not present:
-                if not carried.intersection(row.members) and row.status != "reopening":
+                held = [unread[m] for m in row.members if m in unread]
+                if held and row.status != "reopening":
+                    decisions += self._held(row, held[0])
+                elif not carried.intersection(row.members) and row.status != "reopening":
                     gone += self._absent(row)
-                continue  # a failed source or a silence: still there, only unseen
+                continue  # a rule that could not run or a silence: still there, only unseen
             view = self._view(present, row, findings)
             if row.status == "pending":
                 if self.now - row.opened_at >= self.policy.pending_for_s:
@@ -322,6 +333,15 @@ class IncidentBook:
             return NotificationKind.update, None, None
         return None, None, None
 
+    def _held(self, row: _Row, why: str) -> list[Decision]:
+        """Its rules could not run: neither cleared nor resolved; its thread is told once."""
+        if row.status != "open" or row.unread_since is not None or row.landed < 0:
+            return []
+        self.db.execute("UPDATE incidents SET unread_since=? WHERE id=?", (self.now, row.id))
+        row.unread_since = self.now
+        note = f"The evidence could not be read ({why}): held open, not resolved, until it can be"
+        return [Decision(row.id, NotificationKind.repeat, IncidentPayload(view=row.view, note=note))]
+
     def _absent(self, row: _Row) -> list[Decision]:
         if row.status == "pending":  # never held long enough to be told: forgotten
             self.db.execute("DELETE FROM incidents WHERE id=?", (row.id,))
@@ -363,6 +383,7 @@ class IncidentBook:
             " last_notified=CASE WHEN ? THEN ? ELSE last_notified END,"
             " last_reply_at=CASE WHEN ? THEN ? ELSE last_reply_at END,"
             " cleared_at=CASE WHEN ? THEN NULL ELSE cleared_at END,"
+            " unread_since=CASE WHEN ? THEN NULL ELSE unread_since END,"
             " resolved_at=CASE WHEN ?='open' THEN NULL ELSE resolved_at END WHERE id=?",
             (
                 row.status,
@@ -375,6 +396,7 @@ class IncidentBook:
                 self.now,
                 replied,
                 self.now,
+                clear,
                 clear,
                 row.status,
                 row.id,

@@ -267,7 +267,11 @@ class Daemon:
         age = time.monotonic() - last
         if age > bound:
             return False, f"last diagnosis {age:.0f}s ago (bound {bound:g}s)"
-        return True, f"ok: last diagnosis {age:.1f}s ago"
+        ok = f"ok: last diagnosis {age:.1f}s ago"
+        diagnosis = self.diagnoses.last_diagnosis
+        if diagnosis is None or not diagnosis.rules_not_run:
+            return True, ok
+        return _rules_not_run(diagnosis, ok)
 
     def active_findings(self) -> list[Finding]:
         return self.state.active_findings() if self.state is not None else []
@@ -280,6 +284,28 @@ class Daemon:
         """Diagnose for an Alertmanager group in the background (:meth:`AlertReceiver.accept`)."""
         return self.alerts.accept(payload)
 
+
+
+#: Statuses of a rule that looked at its data (whatever it found).
+_RAN = ("evaluated", "no_data", "silenced")
+#: Source errors quoted in /readyz.
+_ERRORS_SHOWN = 3
+
+
+def _rules_not_run(diagnosis: Diagnosis, ok: str) -> tuple[bool, str]:
+    """Readiness when rules could not run: not ready when none ran at all (a daemon whose every
+    rule errored watches nothing), ready otherwise; either way the rules and sources are named."""
+    not_run = sorted(diagnosis.rules_not_run)
+    counts = diagnosis.coverage.counts if diagnosis.coverage is not None else {}
+    ran = sum(counts.get(status, 0) for status in _RAN)
+    errors = "; ".join(str(e) for e in diagnosis.errors[:_ERRORS_SHOWN])
+    more = len(diagnosis.errors) - _ERRORS_SHOWN
+    errors += f" (and {more} more)" if more > 0 else ""
+    shown = ", ".join(not_run[:10]) + (f" and {len(not_run) - 10} more" if len(not_run) > 10 else "")
+    line = f"{len(not_run)} rules could not run ({shown}): {errors}"
+    if ran == 0:
+        return False, f"every rule errored in the last diagnosis: {line}"
+    return True, f"{ok}; {line}"
 
 
 async def run_daemon(

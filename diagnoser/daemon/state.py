@@ -50,6 +50,7 @@ from diagnoser.config.receivers import Match, Route
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
+from diagnoser.daemon.state_upgrade import adopt_older_rows
 from diagnoser.models import Diagnosis, Finding, Severity, service_of
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import (
@@ -99,6 +100,9 @@ class StateStore:
         #: whichever sender the daemon has.
         self.routes = tuple(routes)
         self._primary = self.routes[0].name if self.routes else None
+        if self._file.upgraded:
+            with self._write("take over an older release's rows") as db:
+                adopt_older_rows(db)
 
     def _is_primary(self, receiver: str | None) -> bool:
         """The first receiver keeps its positions on the incident (where an older file has them)."""
@@ -141,14 +145,17 @@ class StateStore:
         ``notify=False`` (a replica that is not the leader) keeps the state in step without
         queueing anything, as if it had notified, so that it does not repeat the leader's
         messages once it takes over.
-        A finding whose evidence came from a source that failed in this run is not resolved:
-        its absence says nothing about it. Nor is one a silence keeps out of this run
+        A finding whose rule could not run in this run (its source failed, it threw, the
+        deadline cut it short), or whose evidence came from a source that failed, is not
+        resolved: its absence says nothing about it; its incident is held, and its thread told
+        once that the evidence could not be read. Nor is one a silence keeps out of this run
         (``silenced``: fingerprints): it is still there, only quiet. ``policy``: the incidents'
         timing (default: none, every change said at once, with this ``cooldown_s``).
         """
         now = time.time() if now is None else now
         policy = policy or IncidentPolicy(cooldown_s=cooldown_s)
         failed_sources = {error.source for error in diagnosis.errors}
+        not_run = diagnosis.rules_not_run
         seen: dict[str, Finding] = {}
         for finding in diagnosis.findings:
             if finding.severity.rank >= min_severity.rank:
@@ -161,15 +168,18 @@ class StateStore:
             for fp, finding in seen.items():
                 self._record_present(fp, finding, fp in active, now=now)
             carried = set(silenced)
+            unread: dict[str, str] = {}
             for fp, stored in active.items():
                 if fp not in seen and fp not in carried:
                     gone = Finding.model_validate_json(stored)
-                    if failed_sources.intersection(e.source for e in gone.evidence):
-                        carried.add(fp)
+                    failed = failed_sources.intersection(e.source for e in gone.evidence)
+                    if gone.rule_id in not_run or failed:
+                        # Its rule could not run, or its evidence could not be read: no news.
+                        unread[fp] = not_run.get(gone.rule_id) or _first_error(diagnosis, failed)
                     else:
                         self._db.execute("UPDATE findings SET status='resolved' WHERE fingerprint=?", (fp,))
             book = IncidentBook(self._db, policy, now=now, notify=notify)
-            decisions = book.reconcile(list(seen.values()), carried=carried)
+            decisions = book.reconcile(list(seen.values()), carried=carried, unread=unread)
             entries = [
                 entry
                 for d in decisions
@@ -532,6 +542,11 @@ class StateStore:
     def integrity_ok(self) -> bool:
         """SQLite's full integrity check of the file (what a restart after a crash relies on)."""
         return bool(self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def _first_error(diagnosis: Diagnosis, sources: set[str]) -> str:
+    """The first error of ``sources`` in ``diagnosis``, as a report shows it."""
+    return next((str(e) for e in diagnosis.errors if e.source in sources), "a source failed")
 
 
 def _accepts(match: Match, payload: Payload) -> bool:

@@ -4,8 +4,9 @@
 ``incidents``, ``receiver_posts``, ``outbox``, ``dead_letters``, ``meta``) and writes once at
 start, so a path that cannot be
 opened or written (missing permission, read-only, a directory) is refused before the daemon runs.
-A file that is not a valid SQLite database is set aside (renamed ``<name>.corrupt-<UTC time>``)
-and a fresh one started. Every failure comes out as one
+A file an older release wrote gains what it lacks (``upgraded``; what its rows mean is
+:mod:`~diagnoser.daemon.state_upgrade`'s). A file that is not a valid SQLite database is set
+aside (renamed ``<name>.corrupt-<UTC time>``) and a fresh one started. Every failure comes out as one
 :class:`~diagnoser.errors.StateError` naming the file, what was being done, a ``reason``
 (``disk_full``, ``read_only``, ``corrupt``, ``unopenable``, ``locked``, ``io``) and what to do;
 a full disk fails the one transaction, which SQLite has already rolled back. ::
@@ -117,6 +118,13 @@ _OUTBOX_ADDED_COLUMNS = {
     "receiver": "TEXT",
 }
 _ADDED_COLUMNS["outbox"] = _OUTBOX_ADDED_COLUMNS
+_ADDED_COLUMNS["incidents"] = {
+    # When its message was last edited for a number that moved (edits as rare as replies).
+    "last_edit_at": "REAL",
+    # When its thread was told that its rules could not read their evidence (told once per
+    # outage; cleared when they can again).
+    "unread_since": "REAL",
+}
 _ADDED_COLUMNS["dead_letters"] = {
     "incident_id": "INTEGER",
     "marker": "TEXT",
@@ -178,6 +186,9 @@ class StateFile:
         self.path = path
         #: Where a corrupted file was moved when this store started afresh, else ``None``.
         self.set_aside: Path | None = None
+        #: True when the file an older release wrote was upgraded on opening (tables or
+        #: columns added to a file that held findings): its rows may need adopting.
+        self.upgraded = False
         try:
             self.db = self._open()
         except StateError as exc:
@@ -225,12 +236,17 @@ class StateFile:
                     f"state file {path}: failed its integrity check: {check[0] if check else '?'}",
                     reason="corrupt",
                 )
+            tables = "SELECT name FROM sqlite_master WHERE type='table'"
+            before = {row[0] for row in db.execute(tables)}
             db.executescript(_SCHEMA)
+            changed = {row[0] for row in db.execute(tables)} - before
             for table, added in _ADDED_COLUMNS.items():
                 present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                 for column, declaration in added.items():
                     if column not in present:
                         db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                        changed.add(table)
+            self.upgraded = "findings" in before and bool(changed)
             # A write now, so a read-only file or a full disk is found at start, not mid-run.
             db.execute(
                 "INSERT INTO meta (key, value) VALUES ('opened_at', ?)"

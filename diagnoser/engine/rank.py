@@ -69,7 +69,8 @@ def collapse_errors(errors: list[SourceError]) -> list[SourceError]:
     for (source, message), rule_ids in counts.items():
         affected = len({r for r in rule_ids if r})
         suffix = f" ({affected} rules affected)" if affected > 1 else ""
-        collapsed.append(SourceError(source=source, message=message + suffix))
+        named = sorted({r for r in rule_ids if r})
+        collapsed.append(SourceError(source=source, message=message + suffix, rules=named))
     return collapsed
 
 

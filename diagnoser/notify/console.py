@@ -59,14 +59,31 @@ def render_table(
         errors = Table.grid(padding=(0, 1))
         errors.add_column(no_wrap=True, style="red")
         errors.add_column(overflow="fold")
+        not_run = diagnosis.rules_not_run
         for error in diagnosis.errors:
             errors.add_row(f"{error.source}:", error.message)
+            stopped = [r for r in error.rules if r in not_run]
+            weakened = [r for r in error.rules if r not in not_run]
+            if stopped:
+                errors.add_row("", Text(f"could not run: {_listed(stopped)}", style="dim"))
+            if weakened:
+                errors.add_row("", Text(f"evidence incomplete: {_listed(weakened)}", style="dim"))
         parts.append(Padding(errors, (0, 0, 0, 2)))
     if diagnosis.coverage is not None:
         # "No findings" is only worth as much as what was looked at: always say what that was.
         parts.append(Text(""))
         parts.append(Text(f"coverage: {diagnosis.coverage.summary}", style="dim"))
     return Group(*parts)
+
+
+#: Rule ids named per source error in the table; the JSON lists them all.
+_RULES_LISTED = 8
+
+
+def _listed(rules: list[str]) -> str:
+    shown = ", ".join(rules[:_RULES_LISTED])
+    more = len(rules) - _RULES_LISTED
+    return shown + (f" and {more} more (--format json lists them)" if more > 0 else "")
 
 
 def _block(

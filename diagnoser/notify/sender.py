@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from diagnoser.errors import SendError
 
 if TYPE_CHECKING:
+    from aiohttp.abc import AbstractResolver
+
     from diagnoser.notify.outbox import OutboxEntry
 
 __all__ = [
@@ -145,23 +147,31 @@ class HttpAnswer:
     status: int
     text: str
     retry_after: str | None
+    #: Where a redirect points (``Location``), when redirects are not followed.
+    location: str | None = None
 
 
 async def post_json(
-    url: str, body: Any, *, timeout_s: float, error: type[SendError], what: str, keep: int = 500
+    url: str, body: Any, *, timeout_s: float, error: type[SendError], what: str, keep: int = 500,
+    follow_redirects: bool = True, headers: Mapping[str, str] | None = None,
+    resolver: AbstractResolver | None = None,
 ) -> HttpAnswer:
     """POST ``body`` as JSON; a connection that fails is ``error`` (``in_doubt`` once the request
-    may have been sent), any answer is returned for the receiver to judge."""
+    may have been sent), any answer is returned for the receiver to judge. ``resolver`` answers
+    the connection's name lookups (one that refuses an address refuses the connection)."""
     import aiohttp  # the HTTP client loads only where a receiver sends
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = aiohttp.TCPConnector(resolver=resolver) if resolver is not None else None
     try:
         async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.post(url, json=body) as response,
+            aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+            session.post(url, json=body, allow_redirects=follow_redirects, headers=headers) as response,
         ):
             text = (await response.text())[:keep]
-            return HttpAnswer(response.status, text, response.headers.get("Retry-After"))
+            return HttpAnswer(
+                response.status, text, response.headers.get("Retry-After"), response.headers.get("Location")
+            )
     except aiohttp.ClientConnectorError as exc:
         raise error(f"{what} unreachable: {type(exc).__name__}") from exc
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:

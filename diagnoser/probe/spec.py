@@ -35,12 +35,14 @@ from diagnoser.config import (
     PROBE_REQUEST_TIMEOUT_CEILING_S,
     ProbeSettings,
 )
+from diagnoser.config.addresses import METADATA_ADDRESSES, listed_literally, special_kind
 from diagnoser.errors import ConfigError, ProbeSafetyError
 from diagnoser.probe.caps import LoadCaps, effective_caps, probe_caps
 from diagnoser.probe.grpc_target import GRPC_SCHEMES, GrpcOptions, grpc_options_for, grpc_paths_beside
 from diagnoser.yamlfile import read_yaml
 
 __all__ = [
+    "METADATA_ADDRESSES",
     "ConstantSchedule",
     "Expectations",
     "ProbeSpec",
@@ -369,28 +371,6 @@ def enforce_safety(
         raise ProbeSafetyError(f"probe {spec.name} refused: " + "; ".join(problems))
 
 
-#: Cloud instance-metadata endpoints (AWS/GCP/Azure/OpenStack, AWS over IPv6, Alibaba): a probe
-#: aimed at them reads credentials, not a service.
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
-)
-
-
-def _special_kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    mapped = getattr(ip, "ipv4_mapped", None)
-    if mapped is not None:
-        ip = mapped
-    if ip in METADATA_ADDRESSES:
-        return "cloud metadata"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_unspecified:
-        return "unspecified"
-    return None
-
-
 def address_refusal(host: str, address: str, settings: ProbeSettings, *, explicit_target: bool) -> str | None:
     """Why ``host`` may not be probed at ``address`` (one it resolved to), or ``None`` if it may.
 
@@ -407,30 +387,19 @@ def address_refusal(host: str, address: str, settings: ProbeSettings, *, explici
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return None
-    kind = _special_kind(ip)
+    kind = special_kind(ip)
     if kind is None:
         return None
     host = host.strip("[]").lower()
     typed_literally = host == address.lower() or (host == "localhost" and kind == "loopback")
     if explicit_target and typed_literally:
         return None
-    if _listed_literally(ip, settings.allowed_hosts):
+    if listed_literally(ip, settings.allowed_hosts):
         return None
     return (
         f"{host!r} resolves to {ip}, a {kind} address: add {ip} itself to probe.allowed_hosts"
         " (a pattern does not cover it), or type that address as the URL on the command line"
     )
-
-
-def _listed_literally(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allowed: list[str]) -> bool:
-    """Whether an ``allowed_hosts`` entry is ``ip`` itself, written as an address (not a pattern)."""
-    for entry in allowed:
-        try:
-            if ipaddress.ip_address(entry.strip().strip("[]")) == ip:
-                return True
-        except ValueError:  # a name or a pattern
-            continue
-    return False
 
 
 async def check_resolved_addresses(

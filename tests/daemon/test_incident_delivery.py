@@ -116,7 +116,9 @@ async def test_the_json_webhook_sender_posts_every_message_as_one_json_object(st
 
     http = BackgroundHTTPServer(Receiver, name="json-receiver").start()
     try:
-        sender = JsonWebhookSender(f"http://127.0.0.1:{http.port}/hook", messages_per_s=50, burst=50)
+        sender = JsonWebhookSender(
+            f"http://127.0.0.1:{http.port}/hook", messages_per_s=50, burst=50, allowed_addresses=["127.0.0.1"]
+        )
         assert sender.capabilities.threads is False and sender.capabilities.read_back is False
         out = delivery(store, sender, SlackSettings(), [1000.0])
         decide(store, cause(), now=1000)

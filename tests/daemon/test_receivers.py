@@ -157,8 +157,8 @@ def test_rows_an_older_version_queued_go_to_the_first_receiver(tmp_path: Path) -
     old.close()
     store = StateStore(path, routes=routes(receiver_configs(
         NotifySettings.model_validate({"receivers": [
-            {"name": "first", "type": "webhook", "url": "http://127.0.0.1:9/a"},
-            {"name": "second", "type": "webhook", "url": "http://127.0.0.1:9/b"}]}),
+            {"name": "first", "type": "webhook", "url": "http://127.0.0.1:9/a", "allowed_addresses": ["127.0.0.1"]},
+            {"name": "second", "type": "webhook", "url": "http://127.0.0.1:9/b", "allowed_addresses": ["127.0.0.1"]}]}),
         slack=SlackSettings(), webhook_url=None)))  # fmt: skip
     try:
         assert [e.kind.value for e in store.pending(receiver="first")] == ["new"]

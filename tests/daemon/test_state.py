@@ -78,8 +78,12 @@ def test_a_failing_source_does_not_resolve_what_it_measured(store: StateStore) -
     store.reconcile(diagnosis(finding(pool="a"), finding(pool="b", source="elasticsearch")), cooldown_s=600, now=1)
     down = (SourceError(source="prometheus", message="connection refused"),)
     entries = store.reconcile(diagnosis(errors=down), cooldown_s=600, now=2)
-    assert [(e.kind.value, e.finding.labels["pool"]) for e in entries if e.finding] == [("resolved", "b")]
+    # "a" is held, its thread told once that its evidence could not be read; "b" is resolved.
+    told = [(e.kind.value, e.finding.labels["pool"]) for e in entries if e.finding]
+    assert told == [("repeat", "a"), ("resolved", "b")]
+    assert "could not be read (prometheus: connection refused)" in str(entries[0].payload)
     assert [f.labels["pool"] for f in store.active_findings()] == ["a"]
+    assert store.reconcile(diagnosis(errors=down), cooldown_s=600, now=3) == []
 
 
 def test_below_the_minimum_severity_is_neither_kept_nor_notified(store: StateStore) -> None:

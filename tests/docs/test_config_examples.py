@@ -129,6 +129,7 @@ def test_diagnosis_json_example_is_the_contract() -> None:
     assert set(dumped) == set(document)
     assert set(dumped["findings"][0]) == set(document["findings"][0])
     assert set(dumped["findings"][0]["evidence"][0]) == set(document["findings"][0]["evidence"][0])
+    assert set(dumped["errors"][0]) == set(document["errors"][0])
     _findings(document["findings"])
     rule_ids = {r.id for r in load_rules([], include_builtin=True)}
     assert {f["rule_id"] for f in document["findings"]} <= rule_ids

@@ -87,11 +87,18 @@ def test_prometheus_down(tmp_path: Path) -> None:
     assert isinstance(errors, list) and len(errors) == 1
     assert errors[0]["source"] == "prometheus"
     assert f"cannot connect to http://127.0.0.1:{port}" in errors[0]["message"]
+    # The rules that could not run are named: their silence is no news.
+    not_run = errors[0]["rules"]
+    assert "pools/pool-exhaustion" in not_run and not_run == sorted(not_run)
+    coverage = report["coverage"]
+    assert isinstance(coverage, dict)
+    assert set(not_run) == {r["rule_id"] for r in coverage["rules"] if r["status"] == "error"}
     assert elapsed < 15
     table = run_cli("now", "--prometheus-url", f"http://127.0.0.1:{port}")
     assert table.code == 1
     assert "source_unavailable" in table.stdout
     assert "sources that could not answer" in table.stdout
+    assert "could not run: " in table.stdout and "--format json lists them" in table.stdout
 
 
 def test_prometheus_slow_garbage_or_not_prometheus(
@@ -146,6 +153,8 @@ def test_query_error_is_reported_and_other_rules_still_run(
     assert isinstance(findings, list) and isinstance(errors, list)
     assert findings[0]["cause"] == "connection_pool_exhaustion"
     assert any("HTTP 400" in e["message"] and "parse error" in e["message"] for e in errors), errors
+    # The one rule that could not run is named; the others ran.
+    assert [e["rules"] for e in errors if "HTTP 400" in e["message"]] == [["team/bad-query"]]
     assert "source_unavailable" in [f["cause"] for f in findings]
 
 
