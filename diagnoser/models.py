@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -23,6 +24,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from diagnoser.numbers import format_measure
 
 __all__ = [
     "CAUSES",
@@ -187,8 +190,8 @@ class Evidence(BaseModel):
         """One readable line: what it measures, the value with its unit, the threshold, what tells it apart.
 
         ``waiting: 139.5 requests waiting for a connection (threshold 0) · pool feature-store``;
-        labels equal to ``omit``'s (the finding's own) and a detail ``said`` already holds (the
-        finding's summary) are left out.
+        labels equal to ``omit``'s (the finding's own), and a detail or caveat ``said`` already
+        holds (the finding's summary and the rows shown before this one), are left out.
         """
         unit = evidence_unit(self)
         what = self.reads
@@ -209,7 +212,9 @@ class Evidence(BaseModel):
         shown = {k: v for k, v in sorted(self.labels.items()) if (omit or {}).get(k) != v}
         if shown:
             text += " · " + ", ".join(f"{k} {v}" for k, v in shown.items())
-        extra = [f"via {self.convention}" if self.convention and convention else "", self.caveat or ""]
+        # A caveat the finding already says (its summary, an earlier row: ``said``) is said once.
+        caveat = self.caveat if self.caveat and self.caveat not in said else ""
+        extra = [f"via {self.convention}" if self.convention and convention else "", caveat]
         if self.value is not None and self.detail and not parts[0].endswith(self.detail):
             extra.insert(0, "" if self.detail in said else self.detail)
         extra = [e for e in extra if e]
@@ -231,9 +236,19 @@ _EVIDENCE_NAMES = {
     "timeouts_per_s": "timeouts",
     "uses_per_s": "uses",
     "hold_s": "hold time",
+    "error_ratio": "error ratio",
+    "p99_seconds": "p99",
+    "p99_ms": "p99",
 }
-_NAME_UNITS = (("_per_s", "/s"), ("_seconds", "s"), ("_ms", "ms"), ("_s", "s"), ("_ratio", "ratio"),
-               ("_bytes", "bytes"), ("_percent", "%"))
+_NAME_UNITS = (
+    ("_per_s", "/s"),
+    ("_seconds", "s"),
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_ratio", "ratio"),
+    ("_bytes", "bytes"),
+    ("_percent", "%"),
+)
 
 
 def evidence_unit(row: Evidence) -> str:
@@ -244,7 +259,10 @@ def evidence_unit(row: Evidence) -> str:
     shares = row.threshold is not None and 0 < row.threshold <= 1 and 0 <= (row.value or 0) <= 1.5
     ratio = "ratio" if "/" in row.query and shares else ""  # a share against a share: a part over a whole
     if row.source != "prometheus" or not row.query:
-        # A probe field (``latency_ms.p99``) or another source's named field.
+        # A probe field (``latency_ms.p99``) or another source's named field; a probe count per
+        # finished (or sent) requests is a share of them, whatever its threshold.
+        if row.source == "probe" and re.search(r" / (finished|sent|completed)\b", row.query):
+            return "ratio"
         fields = [t.split(".")[0] for t in row.query.replace("/", " ").split()]
         found = {unit for f in fields for suffix, unit in _NAME_UNITS if f.endswith(suffix)}
         return found.pop() if len(found) == 1 else ratio
@@ -270,34 +288,31 @@ def _base_name(name: str) -> str:
     return name
 
 
+#: Probe fields whose part alone says what they count (``failures.timeout``: ``timeout``).
+_COUNT_FIELDS = ("failures", "status_counts")
+
+
 def _field_name(row: Evidence) -> str:
-    """``latency p99`` for a probe's ``latency_ms.p99``: what a row measures when it has no name."""
+    """``latency p99`` for a probe's ``latency_ms.p99``, ``empty body, empty json`` for a sum of
+    failure kinds, ``error ratio``: what a row measures when it has no name."""
     if row.source == "prometheus":
         return ""
-    tokens = row.query.split()
-    field = next((t for t in tokens if t.count(".") == 1 and t.replace(".", "_").isidentifier()), "")
-    base, _, part = field.partition(".")
-    for suffix, _unit in _NAME_UNITS:
-        base = base.removesuffix(suffix)
-    return f"{base} {part}".replace("_", " ").strip()
-
-
-def format_measure(value: float, unit: str) -> str:
-    """``97 %``, ``228.6 ms``, ``3.2 min``, ``1.5 GiB``, ``12/s``; a bare number when the unit is unknown."""
-    if unit == "ratio":
-        return f"{value * 100:.3g} %"
-    if unit in ("s", "ms"):
-        seconds = value / 1000 if unit == "ms" else value
-        if abs(seconds) < 1:
-            return f"{seconds * 1000:.4g} ms"
-        return f"{seconds / 60:.3g} min" if abs(seconds) >= 120 else f"{seconds:.3g} s"
-    if unit == "bytes":
-        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g} {name}"
-        return f"{value:.0f} B"
-    text = f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3g}"
-    return text + (unit if unit == "/s" else f" {unit}" if unit else "")
+    # A probe row's query reads ``probe <target>: <field>[ / <per>] <op> <threshold>``.
+    _, _, after = row.query.partition(": ")
+    field = after.split(" ", 1)[0] if row.source == "probe" else ""
+    if not field:
+        tokens = row.query.split()
+        field = next((t for t in tokens if t.count(".") == 1 and t.replace(".", "_").isidentifier()), "")
+    names = []
+    for term in field.split("+"):
+        base, _, part = term.partition(".")
+        if not part:
+            names.append(base)
+            continue
+        for suffix, _unit in _NAME_UNITS:
+            base = base.removesuffix(suffix)
+        names.append(part if base in _COUNT_FIELDS else f"{base} {part}")
+    return ", ".join(name.replace("_", " ").strip() for name in names if name)
 
 
 class Finding(BaseModel):

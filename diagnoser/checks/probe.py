@@ -22,9 +22,11 @@ so a report shows the body that was wrong. With no probe run (``ctx.sources.prob
 ``min_requests`` keeps a run too small to judge from holding, with one exception: a run the probe
 stopped on its own error ratio (:attr:`~diagnoser.probe.ProbeResult.aborted_on_errors`, after
 about ten failures of ten) is the probe's verdict that the target is failing, however few
-requests it took, so its counts and latencies are judged as they are, and the detail says the
-probe aborted and why. Fields about connections (phase shares, handshakes, connections opened)
-still need their minimum: a handful of requests says nothing about connection reuse.
+requests it took, so its counts and latencies are judged as they are, and the row's caveat says
+the probe aborted and why (the rules' summaries say it once, through ``{caveats}``). Fields
+about connections (phase shares, handshakes, connections opened) still need their minimum: a
+handful of requests says nothing about connection reuse. Coverage asks the same (:func:`judged`)
+of a rule that stayed silent, so an aborted run never reads as too small to judge.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence
+from diagnoser.numbers import format_number
 from diagnoser.probe.result import ProbeResult
 
-__all__ = ["ProbeParams", "probe_check", "read_field"]
+__all__ = ["ProbeParams", "judged", "probe_check", "read_field"]
 
 SOURCE = "probe"
 def _handshake_share(result: ProbeResult) -> float:
@@ -133,12 +136,19 @@ class ProbeParams(BaseModel):
         return _validate_field(value)
 
 
-def _large_enough(result: ProbeResult, params: ProbeParams) -> bool:
-    """Whether the run has enough requests to judge ``params.field`` (see the module docstring)."""
-    if result.finished >= params.min_requests:
+def judged(params: ProbeParams, finished: int, *, aborted_on_errors: bool) -> bool:
+    """Whether a run of ``finished`` requests is large enough to judge ``params.field``: its
+    ``min_requests``, or any run the probe stopped on its error ratio, except for the fields about
+    connections (see the module docstring). Coverage asks the same question of a silent rule.
+    """
+    if finished >= params.min_requests:
         return True
     about_connections = any(t.strip().startswith(_CONNECTION_FIELDS) for t in params.field.split("+"))
-    return result.aborted_on_errors and result.finished > 0 and not about_connections
+    return aborted_on_errors and finished > 0 and not about_connections
+
+
+def _large_enough(result: ProbeResult, params: ProbeParams) -> bool:
+    return judged(params, result.finished, aborted_on_errors=result.aborted_on_errors)
 
 
 def _failure_kinds(field: str) -> set[str]:
@@ -149,22 +159,27 @@ def _status_detail(result: ProbeResult) -> str:
     """Every status the run saw, most frequent first: ``UNAVAILABLE 40, OK 360 of 400 calls``."""
     counts = sorted(result.status_counts.items(), key=lambda item: -item[1])
     listed = ", ".join(f"{status} {count}" for status, count in counts) or "no answer with a status"
-    return f"{listed} of {result.finished} calls"
+    return f"{listed} of {result.finished} {'calls' if _is_grpc(result) else 'requests'}"
 
 
 def _is_grpc(result: ProbeResult) -> bool:
     return result.target.startswith(("grpc://", "grpcs://"))
 
 
-def _ms(value: float | None) -> str:
-    return "no latency" if value is None else f"{value:.1f} ms"
+def _abort_caveat(result: ProbeResult) -> str | None:
+    """Said once per finding (a caveat, not each row's detail): the run stopped itself, and why."""
+    return f"the probe aborted: {result.abort_reason}" if result.aborted_on_errors else None
 
 
-def _detail(result: ProbeResult, params: ProbeParams) -> str:
-    detail = _measured(result, params)
-    if result.aborted_on_errors:
-        return f"{detail}; the probe aborted: {result.abort_reason}"
-    return detail
+def _latency_detail(result: ProbeResult) -> str:
+    """``p50 .. p99 .. max ..``, or what there is none of: a run of refused connections has no latency."""
+    latency = result.latency_ms
+    if latency.p50 is None or latency.p99 is None or latency.max is None:
+        return f"no answer to time over {result.finished} requests"
+    return (
+        f"p50 {format_number(latency.p50)} ms, p99 {format_number(latency.p99)} ms, "
+        f"max {format_number(latency.max)} ms over {result.finished} requests"
+    )
 
 
 def _measured(result: ProbeResult, params: ProbeParams) -> str:
@@ -201,13 +216,21 @@ def _measured(result: ProbeResult, params: ProbeParams) -> str:
             f"slowest 1% of requests: {parts}; {result.connections_opened} connections opened "
             f"for {result.finished} requests"
         )
-    latency = result.latency_ms
     detail = (
-        f"p50 {_ms(latency.p50)}, p99 {_ms(latency.p99)}, max {_ms(latency.max)} over "
-        f"{result.finished} requests at {result.achieved_rate:.1f} req/s; errors {result.failures.total}"
+        f"{_latency_detail(result)} at {format_number(result.achieved_rate)} req/s; "
+        f"{result.failures.total} failed{_failure_mix(result)}"
     )
-    # A gRPC service's findings name its status codes: they say what kind of failure it was.
-    return f"{detail}; status codes: {_status_detail(result)}" if _is_grpc(result) else detail
+    # The status codes say what kind of failure it was: always for a gRPC service, whenever
+    # something failed for HTTP.
+    if _is_grpc(result) or (result.failures.total and result.status_counts):
+        return f"{detail}; status codes: {_status_detail(result)}"
+    return detail
+
+
+def _failure_mix(result: ProbeResult) -> str:
+    """`` (status 11, timeout 2)``: the kinds of the failures, most frequent first."""
+    kinds = sorted(((k, n) for k, n in result.failures.model_dump().items() if n), key=lambda kv: -kv[1])
+    return f" ({', '.join(f'{kind} {count}' for kind, count in kinds)})" if kinds else ""
 
 
 @check_kind("probe", params=ProbeParams, reads={"probe"})
@@ -238,6 +261,7 @@ async def probe_check(params: ProbeParams, ctx: CheckContext) -> CheckResult:
             labels={"target": result.target, "host": urlsplit(result.target).hostname or ""},
             value=value,
             threshold=params.threshold,
-            detail=_detail(result, params),
+            detail=_measured(result, params),
+            caveat=_abort_caveat(result),
         )
     ]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import get_args
 
-from diagnoser.checks.probe import ProbeParams
+from diagnoser.checks.probe import ProbeParams, judged
 from diagnoser.config.parts import FindingStyle
 from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.evaluate import RuleOutcome
@@ -119,11 +119,14 @@ def metric_names_of(rule: Rule, inputs: CoverageInputs) -> set[str]:
     return names
 
 
-def probe_shortfall(rule: Rule, inputs: CoverageInputs, finished: int | None) -> str | None:
+def probe_shortfall(
+    rule: Rule, inputs: CoverageInputs, finished: int | None, *, aborted_on_errors: bool = False
+) -> str | None:
     """Why ``rule``'s probe conditions had nothing to judge, or ``None`` when they had enough.
 
     A ``probe`` condition does not hold below its ``min_requests``: with a run that small, a
-    silent rule is no data, not good news.
+    silent rule is no data, not good news. A run the probe stopped on its error ratio is judged
+    whatever its size (:func:`~diagnoser.checks.probe.judged`): its silent rules were evaluated.
     """
     if finished is None:
         return None
@@ -133,7 +136,9 @@ def probe_shortfall(rule: Rule, inputs: CoverageInputs, finished: int | None) ->
             params = resolve_condition(condition.kind, condition.raw_params, variables, catalogue=catalogue)
         except (MissingVariable, ValueError):
             continue
-        if isinstance(params, ProbeParams) and finished < params.min_requests:
+        if isinstance(params, ProbeParams) and not judged(
+            params, finished, aborted_on_errors=aborted_on_errors
+        ):
             return f"the probe finished only {finished} requests (below the rules' min_requests)"
     return None
 
@@ -147,6 +152,7 @@ def build_coverage(
     present_metrics: set[str] | SourceError | None,
     source_errors: Iterable[SourceError] = (),
     probe_finished: int | None = None,
+    probe_aborted_on_errors: bool = False,
 ) -> Coverage:
     """Each rule's and each source's status in one run, before silences (:func:`mark_silenced`).
 
@@ -159,7 +165,8 @@ def build_coverage(
     for outcome in sorted(outcomes, key=lambda o: o.rule_id):
         rule = by_id.get(outcome.rule_id)
         source = rule.sources[0] if rule is not None and rule.sources else "engine"
-        entries.append(_rule_status(outcome, rule, source, inputs, names, probe_finished))
+        probe = (probe_finished, probe_aborted_on_errors)
+        entries.append(_rule_status(outcome, rule, source, inputs, names, probe))
     counts = Counter(entry.status for entry in entries)
     configured_set = set(configured)
     failed = {error.source: error.message for error in source_errors}
@@ -216,7 +223,7 @@ def _rule_status(
     source: str,
     inputs: CoverageInputs,
     names: set[str] | None,
-    probe_finished: int | None,
+    probe: tuple[int | None, bool],
 ) -> RuleCoverage:
     def entry(status: CoverageStatus, reason: str | None = None, missing: Iterable[str] = ()) -> RuleCoverage:
         return RuleCoverage(
@@ -238,7 +245,7 @@ def _rule_status(
         if needed and not needed & names:
             return entry("no_data", None, needed)
     if rule is not None and not outcome.findings and "probe" in rule.sources:
-        shortfall = probe_shortfall(rule, inputs, probe_finished)
+        shortfall = probe_shortfall(rule, inputs, probe[0], aborted_on_errors=probe[1])
         if shortfall is not None:
             return entry("no_data", shortfall)
     return entry("evaluated")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -300,7 +301,7 @@ def _finding(
     if not _required(rule, values):
         return None
     shown = MAX_EVIDENCE_PER_CONDITION
-    evidence = [_named(row, rule.when[0].name or "value") for row in primary_rows[:shown]] + [
+    evidence = [_named(row, primary_name(rule)) for row in primary_rows[:shown]] + [
         _named(row, condition.label) for condition, rows in others for row in rows[:shown]
     ]
     recommendation = format_text(rule.recommendation, values)
@@ -372,6 +373,34 @@ def _required(rule: Rule, values: Mapping[str, Any]) -> bool:
         except ExpressionError:
             return False
     return True
+
+
+#: Thresholds from the SLO name what the first condition measures, and its unit.
+_SLO_MEASURES = {"slo.p99_seconds": "p99_seconds", "slo.p99_ms": "p99_ms", "slo.error_ratio": "error_ratio"}
+#: A ``${params.min_...}`` threshold of these names compares a share (0..1).
+_SHARE_PARAM = re.compile(r"params\.(?:(?:min|max)_\w*(?:ratio|share|utili[sz]ation)|near)")
+
+
+def primary_name(rule: Rule) -> str:
+    """The name of the rows of a rule's first condition: its own name, else what its threshold says
+    it measures (``p99_seconds`` against ``${slo.p99_seconds}``, ``error_ratio``), else its cause
+    (``connection_limit_reached_ratio`` for a share). Probe rows keep ``value``: their field names
+    say what they read. A report never shows a bare number with nothing to say what it is.
+    """
+    condition = rule.when[0]
+    if condition.name:
+        return condition.name
+    if condition.kind.name == "probe":
+        return "value"
+    threshold = condition.raw_params.get("threshold") if isinstance(condition.raw_params, Mapping) else None
+    placeholder = (
+        re.fullmatch(r"\$\{\s*([\w.]+)\s*\}", threshold.strip()) if isinstance(threshold, str) else None
+    )
+    if placeholder and placeholder.group(1) in _SLO_MEASURES:
+        return _SLO_MEASURES[placeholder.group(1)]
+    if placeholder and _SHARE_PARAM.fullmatch(placeholder.group(1)):
+        return f"{rule.cause}_ratio"
+    return rule.cause
 
 
 def _named(row: Evidence, name: str) -> Evidence:

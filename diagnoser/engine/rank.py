@@ -163,7 +163,8 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Most important first: causes that explain an active symptom, symptoms, other causes; info last.
 
     Among causes that explain a symptom, one that also explains another cause present comes
-    first (it is upstream of it); then one on the same service (namespace and job) as an active
+    first (it is upstream of it), as among symptoms one that explains another (``target_unreachable``
+    before the error ratio it makes); then one on the same service (namespace and job) as an active
     symptom before one elsewhere; then by severity, then by rule id for stability.
     """
     findings = fold_explained(findings)
@@ -174,6 +175,8 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
 
     def key(finding: Finding) -> tuple[bool, int, int, int, int, str]:
         upstream = finding.kind == "cause" and bool(active_causes.intersection(finding.explains))
+        # A symptom that explains another (a target refusing connections, its error ratio) leads it.
+        leading = finding.kind == "symptom" and bool(active.intersection(finding.explains) - {finding.cause})
         if finding.kind == "cause" and (upstream or active.intersection(finding.explains)):
             group = 0
         elif finding.kind == "symptom":
@@ -187,7 +190,7 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
             # A cause that explains another present cause (a database at its connection limit,
             # the 503s a client service sheds because of it) is the root: it comes first, even
             # from another service.
-            0 if upstream else 1,
+            0 if upstream or leading else 1,
             same_service,
             -finding.severity.rank,
             finding.rule_id,

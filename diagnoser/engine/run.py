@@ -132,6 +132,7 @@ def report(
         present_metrics=present_metrics,
         source_errors=diagnosis.errors,
         probe_finished=sources.probe.finished if sources.probe is not None else None,
+        probe_aborted_on_errors=sources.probe is not None and sources.probe.aborted_on_errors,
     )
     # Whether no rule had data does not depend on silences: only a rule with findings is silenced.
     empty = no_data_finding(coverage, diagnosis.evaluated_at, config.style)

@@ -146,15 +146,19 @@ def _evidence_lines(evidence: list[Evidence], verbose: bool, summary: str = "") 
     without ``verbose``, the first row per name, no labels and no detail the summary already says."""
     lines: list[Text] = []
     seen: set[str] = set()
+    said = summary  # what the finding says already: each detail and caveat once
     for row in evidence:
         name = row.reads or "value"
         if not verbose and name in seen:
             continue
         seen.add(name)
         if verbose:
-            text = Text(row.line(said=""))
+            line = row.line(said=said.removeprefix(summary))
+            said += "\n" + line
+            text = Text(line)
         else:
-            line = row.short(said=summary)
+            line = row.short(said=said)
+            said += "\n" + line
             if len(line) > _DETAIL_CHARS:
                 line = line[: _DETAIL_CHARS - 3] + "..."
             text = Text(line)

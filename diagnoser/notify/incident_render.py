@@ -29,6 +29,7 @@ from diagnoser.notify.slack import (
     severity_mark,
     timestamp,
 )
+from diagnoser.numbers import format_number
 
 __all__ = ["duration_text", "incident_header", "render_digest", "render_incident", "render_incident_reply"]
 
@@ -40,10 +41,10 @@ _CONTEXT_KEYS = ("cluster", "namespace", "service", "job")
 def duration_text(seconds: float) -> str:
     """``45 s``, ``3 min``, ``1.5 h``."""
     if seconds >= 3600:
-        return f"{seconds / 3600:.3g} h"
+        return f"{format_number(seconds / 3600)} h"
     if seconds >= 60:
-        return f"{seconds / 60:.3g} min"
-    return f"{seconds:.3g} s"
+        return f"{format_number(seconds / 60)} min"
+    return f"{format_number(seconds)} s"
 
 
 def _where(finding: Finding) -> str:

@@ -53,7 +53,15 @@ def _finding(index: int, finding: Finding) -> list[str]:
             "| evidence | value | threshold | labels | source and query | detail |",
             "|---|---|---|---|---|---|",
         ]
+        caveats: set[str] = set()
         for row in finding.evidence:
+            # Each caveat once per finding: a row repeating an earlier row's leaves it out.
+            annotation = (
+                row.annotation
+                if row.caveat not in caveats
+                else row.model_copy(update={"caveat": None}).annotation
+            )
+            caveats.add(row.caveat or "")
             labels = ", ".join(f"{k}={v}" for k, v in sorted(row.labels.items()))
             unit = evidence_unit(row)
             value = "" if row.value is None else format_measure(row.value, unit)
@@ -61,7 +69,7 @@ def _finding(index: int, finding: Finding) -> list[str]:
             query = f"{row.source}: {_code(row.query)}" if row.query else row.source
             lines.append(
                 f"| {_cell(row.name or 'value')} | {value} | {threshold} | {_cell(labels)} | {query} "
-                f"| {_cell(row.annotation)} |"
+                f"| {_cell(annotation)} |"
             )
         lines.append("")
     return lines

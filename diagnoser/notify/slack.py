@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from diagnoser.models import Diagnosis, Finding
+from diagnoser.numbers import format_number
 
 __all__ = [
     "SECTION_MAX",
@@ -72,11 +73,8 @@ def escape(text: str) -> str:
 
 
 def number(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-        return f"{value:.3g}"
-    return f"{value:,.4g}" if abs(value) >= 1000 else f"{value:.4g}"
+    """A value as a person reads it (:func:`~diagnoser.numbers.format_number`); ``n/a`` for none."""
+    return "n/a" if value is None else format_number(value, 4)
 
 
 def timestamp(at: datetime) -> str:
@@ -117,7 +115,12 @@ def severity_mark(severity: str) -> str:
 
 def evidence_lines(finding: Finding, *, limit: int = _EVIDENCE_SHOWN) -> list[str]:
     """The finding's evidence as readable bullet lines (names, units; its own labels not repeated)."""
-    lines = [escape("• " + row.line(finding.labels, finding.summary)) for row in finding.evidence[:limit]]
+    lines: list[str] = []
+    said = finding.summary
+    for row in finding.evidence[:limit]:
+        line = row.line(finding.labels, said)
+        said += "\n" + line  # each detail and caveat once per finding
+        lines.append(escape("• " + line))
     more = len(finding.evidence) - limit
     if more > 0 and limit > 1:
         lines.append(f"_and {more} more_")

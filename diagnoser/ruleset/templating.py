@@ -6,9 +6,11 @@ Two small languages, both deliberately tiny:
   params before the check kind validates them. A value that is exactly one placeholder keeps the
   placeholder's type (a float stays a float); inside a longer string it is formatted as text.
 * ``{name:.1f}`` format fields in a rule's title, summary and recommendation, filled from the
-  finding's labels and named values. A missing value renders as ``unknown`` instead of failing
-  (a report with one hole beats no report), and a missing ``..._detail`` or ``caveats`` field as
-  nothing: they are optional remarks.
+  finding's labels and named values. A missing value renders as ``not measured`` instead of
+  failing (a report with one hole beats no report; a rule leaves a clause about a value some
+  libraries do not export in ``{?name ...?}``, so the sentence drops out instead), and a missing
+  ``..._detail`` or ``caveats`` field as nothing: they are optional remarks. Numbers never come
+  out in scientific notation (:func:`~diagnoser.numbers.format_number`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from diagnoser.config.sections import SloSettings
 from diagnoser.errors import MissingVariable
+from diagnoser.numbers import NOT_MEASURED, format_number
 
 if TYPE_CHECKING:
     from diagnoser.config import Settings
@@ -174,15 +177,28 @@ class _LenientFormatter(string.Formatter):
         if value is None:
             return MISSING_TEXT
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-            return str(value)
+            return format_number(value)
         try:
-            return str(super().format_field(value, format_spec))
+            text = str(super().format_field(value, format_spec))
         except (ValueError, TypeError):
             return str(value)
+        if _EXPONENT.search(text) and isinstance(value, int | float) and not isinstance(value, bool):
+            # ``{x:.3g}`` turns 17923 into 1.79e+04: the same significant digits, readable.
+            digits = _precision(format_spec)
+            return format_number(float(value), digits) if digits else format_number(float(value))
+        return text
+
+
+_EXPONENT = re.compile(r"\d[eE][+-]?\d")
+
+
+def _precision(format_spec: str) -> int | None:
+    match = re.search(r"\.(\d+)", format_spec)
+    return int(match.group(1)) if match else None
 
 
 #: What a value that was not measured (or a label a series lacks) reads as in a report.
-MISSING_TEXT = "unknown"
+MISSING_TEXT = NOT_MEASURED
 
 
 def _is_optional(name: str) -> bool:
@@ -218,11 +234,11 @@ def optional_clauses(template: str, values: Mapping[str, Any] | None = None) -> 
 
 
 def format_text(template: str, values: Mapping[str, Any]) -> str:
-    """Fill ``template``'s ``{field:spec}`` from ``values``; missing fields render as ``unknown``.
+    """Fill ``template``'s ``{field:spec}`` from ``values``; missing fields render as ``not measured``.
 
     ``{?name text?}`` keeps ``text`` only when ``name`` has a value (``{?!name text?}`` only when
     it has none), so a sentence about a measurement a library does not export can be left out
-    instead of reading "unknown".
+    instead of reading "not measured".
     """
     try:
         return _FORMATTER.vformat(optional_clauses(template, values), (), values)

@@ -34,7 +34,7 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     assert set(evidence) == {
         "source", "query", "labels", "value", "threshold", "detail", "name", "convention", "caveat", "text",
     }  # fmt: skip
-    assert evidence["name"] == "value"
+    assert evidence["name"] == "connection_pool_exhaustion_ratio"  # the first condition: a share of the pool
     assert evidence["source"] == "prometheus"
     assert evidence["convention"] == "otel-semconv"
     assert evidence["value"] == 1.0

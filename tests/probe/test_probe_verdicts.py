@@ -12,12 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from diagnoser.models import Finding
+from diagnoser.notify.slack import evidence_lines
 from tests.conftest import run_cli
 from tests.probe.conftest import DelayServer, GrpcServer
 
 
-def _now(*args: str) -> tuple[int, dict[str, Any]]:
-    result = run_cli("now", *args, "--probe-rate", "20", "--probe-duration", "10", "--format", "json", timeout=90)
+def _now(*args: str, duration: str = "10") -> tuple[int, dict[str, Any]]:
+    result = run_cli(
+        "now", *args, "--probe-rate", "20", "--probe-duration", duration, "--format", "json", timeout=90
+    )
     assert result.code in (0, 1), result.stderr
     return result.code, json.loads(result.stdout)
 
@@ -35,7 +39,38 @@ def test_an_http_target_answering_only_503_is_a_finding_and_exit_1(delay_server:
     breach = _finding(report, "error_rate_breach")
     assert breach["evidence"][0]["value"] == 1.0
     assert "100.00% of probe requests failed" in breach["summary"]
+    finished = report["probe"]["finished"]
+    # The counts, the status mix and the abort reason, the reason said once in the finding.
+    assert f"{finished} failed (status {finished})" in breach["summary"]
+    assert f"status codes: 503 {finished} of {finished} requests" in breach["summary"]
     assert "the probe aborted: error ratio 100%" in breach["summary"]
+    finding = Finding.model_validate(breach)
+    texts = [finding.summary, *evidence_lines(finding)]  # as the Slack message shows them
+    assert sum(text.count("the probe aborted") for text in texts) == 1, texts
+    # The rules' minimum request counts do not hide the run: its rules were judged, not "no data"
+    # (only connection reuse needs more requests than an aborted run has).
+    short = [r["rule_id"] for r in report["coverage"]["rules"] if r["status"] == "no_data"]
+    assert short == ["probe/probe-tls-handshake-overhead"], report["coverage"]["summary"]
+
+
+def test_a_target_refusing_connections_is_target_unreachable_first_and_exit_1(
+    listener: tuple[str, Any],
+) -> None:
+    url, sock = listener
+    sock.close()  # nothing listens on that port now: every connection is refused
+    code, report = _now("--probe", url)
+    assert code == 1
+    assert [f["cause"] for f in report["findings"]][:2] == ["target_unreachable", "error_rate_breach"]
+    unreachable = report["findings"][0]
+    assert "Connection refused" in unreachable["summary"]
+    assert "no latency" not in report["findings"][1]["summary"]
+
+
+def test_a_healthy_target_still_exits_0(delay_server: DelayServer) -> None:
+    code, report = _now("--probe", delay_server.url + "/delay?ms=1", duration="3")
+    assert not report["probe"]["aborted"]
+    assert [f["cause"] for f in report["findings"] if f["severity"] != "info"] == []
+    assert code == 0
 
 
 def test_a_grpc_target_answering_only_unavailable_is_a_finding_and_exit_1(grpc_server: GrpcServer) -> None:

@@ -86,6 +86,7 @@ def test_format_text_is_lenient() -> None:
     text = format_text("{job}: {value:.1%} of {max:.0f} ({missing}) {params.headroom}", {
         "job": "api", "value": 0.953, "max": 10.0, "params.headroom": 1.25,
     })
-    assert text == "api: 95.3% of 10 (unknown) 1.25"
-    assert format_text("{value:.2f}", {"value": math.inf}) == "inf"
+    assert text == "api: 95.3% of 10 (not measured) 1.25"
+    assert format_text("{value:.2f}", {"value": math.inf}) == "unbounded"
+    assert format_text("{value:.2f}", {"value": math.nan}) == "not measured"
     assert format_text("{broken", {}) == "{broken"
