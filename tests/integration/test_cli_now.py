@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.conftest import IncidentPrometheus, run_cli
 
 CONTRACT_FINDING_KEYS = {
-    "rule_id", "cause", "kind", "severity", "title", "summary", "evidence", "recommendation", "runbook_url", "labels",
+    "rule_id", "cause", "kind", "severity", "title", "summary", "evidence", "recommendation", "runbook_url", "labels", "since",
 }
 
 
