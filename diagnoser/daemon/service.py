@@ -267,6 +267,9 @@ class Daemon:
         age = time.monotonic() - last
         if age > bound:
             return False, f"last diagnosis {age:.0f}s ago (bound {bound:g}s)"
+        stuck = self.outbox.delivery.stuck if self.outbox and self.outbox.delivery and self.notifies else None
+        if stuck is not None:
+            return False, stuck
         return True, f"ok: last diagnosis {age:.1f}s ago"
 
     def active_findings(self) -> list[Finding]:

@@ -86,20 +86,34 @@ async def test_a_first_message_refused_holds_its_incident_until_a_retry_delivers
     config = settings(slack)
     clock = [1000.0]
     out = delivery(store, SlackSender(config), config, clock)
-    slack.refuse("invalid_auth", times=1)  # a token being rotated
+    slack.refuse("channel_not_found", times=1)  # a channel being renamed
     decide(store, cause(), now=1000)
     await out.flush()
     assert [kind for _, kind, _ in store.dead_letters()] == ["new"]
-    decide(store, now=1010)  # it clears while nobody was told about it: nothing to resolve
-    await out.flush()
-    assert slack.messages == [] and store.pending_count() == 0
-    decide(store, cause("b"), now=1020)  # the queue goes on meanwhile
+    decide(store, cause(), cause("b"), now=1020)  # still there; the queue goes on meanwhile
     await out.flush()
     assert [m.text.split("Pool ")[1].split(" ")[0] for m in slack.messages] == ["b"]
     clock[0] = 1000 + 61  # the slow schedule: the dead letter is tried again, and lands
     await out.flush()
     assert [m.text.split("Pool ")[1].split(" ")[0] for m in slack.messages] == ["b", "orders"]
     assert store.dead_letters() == []
+
+
+async def test_a_dead_letter_retried_after_its_incident_cleared_is_not_announced(
+    store: StateStore, slack: SlackFixtureServer
+) -> None:
+    config = settings(slack)
+    clock = [1000.0]
+    out = delivery(store, SlackSender(config), config, clock)
+    slack.refuse("channel_not_found", times=1)
+    decide(store, cause(), now=1000)
+    await out.flush()
+    decide(store, now=1010)  # it clears while nobody was told about it: nothing to resolve
+    await out.flush()
+    assert slack.messages == [] and store.pending_count() == 0
+    clock[0] = 1000 + 61  # the dead letter is tried again: a CRITICAL for a pool long since fine
+    await out.flush()
+    assert slack.messages == [] and store.pending_count() == 0 and store.dead_letters() == []
 
 
 async def test_the_json_webhook_sender_posts_every_message_as_one_json_object(store: StateStore) -> None:
@@ -120,6 +134,7 @@ async def test_the_json_webhook_sender_posts_every_message_as_one_json_object(st
         assert sender.capabilities.threads is False and sender.capabilities.read_back is False
         out = delivery(store, sender, SlackSettings(), [1000.0])
         decide(store, cause(), now=1000)
+        await out.flush()
         decide(store, now=1010)
         await out.flush()
     finally:
