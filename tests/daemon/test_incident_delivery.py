@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -24,6 +25,7 @@ from diagnoser.daemon.state import StateStore
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.delivery import OutboxDelivery
 from diagnoser.notify.outbox import render_entry
+from diagnoser.notify.receivers.webhook import WebhookMessage
 from diagnoser.notify.sender import Sender, TokenBucket
 from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.notify.webhook_sender import JsonWebhookSender
@@ -184,3 +186,67 @@ async def test_an_alert_report_about_an_incidents_service_goes_in_its_thread(
     await out.flush()
     (reply,) = slack.replies(top.ts)
     assert reply.text.startswith("Diagnosis for CheckoutSlow")
+
+
+async def test_an_edit_refused_for_good_is_posted_anew_in_the_thread(
+    store: StateStore, slack: SlackFixtureServer
+) -> None:
+    config = settings(slack)
+    clock = [1000.0]
+    out = delivery(store, SlackSender(config), config, clock)
+    decide(store, cause(), symptom(), now=1000)
+    await out.flush()
+    (top,) = slack.top_level()
+    slack.lock_edits("edit_window_closed")
+    decide(store, cause(), now=1010)  # the symptom clears: an edit alone, no reply
+    await out.flush()
+    assert slack.updates == [] and store.pending_count() == 0
+    (anew,) = slack.replies(top.ts)
+    assert anew.blocks[0]["text"]["text"] == "CRITICAL: connection_pool_exhaustion: Pool orders exhausted"
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        # Credentials refused (a key being rotated): retried with backoff, not refused for good.
+        (401, {}, {"auth": True, "permanent": False}),
+        (403, {}, {"auth": True, "permanent": False}),
+        # RFC 9110 allows an HTTP date in Retry-After: 30 s from now is kept as such.
+        (429, {"Retry-After": "DATE+30"}, {"permanent": False, "retry_after": 30}),
+        (408, {}, {"permanent": False, "auth": False}),
+        (422, {}, {"permanent": True, "auth": False}),
+    ],
+)
+async def test_the_json_webhook_classifies_its_documented_status_codes(
+    status: int, headers: dict[str, str], expected: dict[str, Any]
+) -> None:
+    from email.utils import formatdate
+
+    from diagnoser.errors import WebhookSendError
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(status)
+            for key, value in headers.items():
+                when = formatdate(time.time() + 30, usegmt=True)
+                self.send_header(key, value.replace("DATE+30", when))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    http = BackgroundHTTPServer(Receiver, name="json-receiver").start()
+    try:
+        sender = JsonWebhookSender(f"http://127.0.0.1:{http.port}/hook")
+        with pytest.raises(WebhookSendError) as caught:
+            await sender.post(WebhookMessage("text"), marker="dgn-1-a")
+    finally:
+        http.stop()
+    error = caught.value
+    for name, value in expected.items():
+        if name == "retry_after":
+            assert error.retry_after is not None and value - 2 <= error.retry_after <= value
+        else:
+            assert getattr(error, name) == value, name
