@@ -253,7 +253,7 @@ class Daemon:
     # --- what the HTTP side asks --------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready while the schedule runs and the last diagnosis is recent enough."""
+        """Ready while the schedule runs, the last diagnosis is recent enough and no receiver is stuck."""
         if self._stopping:
             return False, "shutting down"
         if not self.schedule.running:

@@ -9,8 +9,8 @@ in Slack's terms, the richest receiver, and holds for every one within its capab
 The daemon's *outbox* job calls :meth:`OutboxDelivery.flush`; the diagnose job only queues (in
 the state store, in the transaction that decides what to say) and wakes the job up, so a slow,
 rate-limiting or absent Slack never delays a diagnosis. One flush takes the entries that are due,
-oldest first,
-and stops at the first one that must wait, so messages keep their order:
+oldest first; an incident's messages keep their order (one that must wait holds the later ones of
+its incident), and no message holds up the others:
 
 - **before each post** the entry is marked as under way with a *marker*, an id the message
   carries in its Slack metadata. A post that times out, gets a 5xx, or is cut short by a crash
@@ -20,17 +20,27 @@ and stops at the first one that must wait, so messages keep their order:
   posted again. Incoming webhooks cannot be read back: an in-doubt webhook post is sent again
   after the settle time (at least once; a duplicate is possible only when the webhook answered
   after the timeout). Use a bot token for exactly-once delivery.
-- **a 429** reschedules the entry after its ``Retry-After`` (nothing sleeps); any other transient
-  failure after an exponential backoff with jitter (``slack.retry_base_s`` doubling, "equal
-  jitter", capped at ``slack.retry_max_s``).
-- **a permanent refusal** (``channel_not_found``, ``invalid_auth``, ``not_in_channel``, a
-  webhook's 403/404...) moves the entry to the state's ``dead_letters`` table with an ERROR log
-  line and ``diagnoser_notifications_dead_lettered_total{kind, reason}``, and the queue goes on;
-  dead letters are put back in their place every ``slack.dead_letter_retry_s`` (a token being
-  rotated must not lose messages for good). A message about an incident whose first message is a
-  dead letter waits with it (never a "Resolved" for an incident nobody was told about);
-  refused blocks are retried as plain text; a reply whose thread is gone
-  (``thread_not_found``) is posted at top level and becomes the incident's new thread.
+- **a 429** reschedules the entry after its ``Retry-After`` (nothing sleeps). When it covers one
+  kind of call (:attr:`~diagnoser.errors.SendError.scope`: Slack limits ``chat.update`` apart from
+  ``chat.postMessage``) only entries needing that kind wait; otherwise the receiver does.
+- **refused credentials** (:attr:`~diagnoser.errors.SendError.auth`) and any other transient
+  failure stop the flush for an exponential backoff with jitter (``retry_base_s`` doubling,
+  "equal jitter", capped at ``retry_max_s``); credentials refused for ``dead_letter_after_s``
+  dead-letter the entries.
+- **an edit refused for good** (``cant_update_message``, ``edit_window_closed``...) is posted
+  anew, in the incident's thread or as a new message.
+- **a permanent refusal** (``channel_not_found``, ``not_in_channel``, a webhook's 404...) moves
+  the entry to the state's ``dead_letters`` table with an ERROR log line and
+  ``diagnoser_notifications_dead_lettered_total{kind, reason}``, and the queue goes on; dead
+  letters are put back in their place every ``dead_letter_retry_s``. A message about an incident
+  whose first message is a dead letter waits with it (never a "Resolved" for an incident nobody
+  was told about); a first message whose incident cleared before it could go is dropped (its
+  resolution, when queued, is posted on its own); refused blocks are retried as plain text; a
+  reply whose thread is gone (``thread_not_found``) is posted at top level and becomes the
+  incident's new thread.
+- **stuck**: when the oldest undelivered entry is older than ``stuck_after_s``, one ERROR line,
+  :attr:`OutboxDelivery.stuck` (``/readyz`` answers 503 with it) and
+  ``diagnoser_receiver_stuck{receiver}``.
 - **a success** resets the other entries' backoff: after an outage the queue drains at the
   sender's rate (about one message per second), in order.
 
