@@ -79,6 +79,9 @@ __all__ = ["DeliveryMetrics", "FanOut", "OutboxDelivery", "backoff_s"]
 log = logging.getLogger(__name__)
 
 _CHANNEL_KEY = "slack_channel_id"
+#: A reply refused with these has no thread to go in any more (its parent deleted): it is posted
+#: at top level and becomes the incident's thread.
+_THREAD_GONE = frozenset({"thread_not_found", "message_not_found"})
 
 
 class DeliveryMetrics(Protocol):
@@ -345,7 +348,8 @@ class OutboxDelivery:
         queued, is still posted, standalone, so the channel learns of it as it now stands.
         """
         untold = entry.incident_id in self._untold
-        if not incident.cleared or not (
+        # One in doubt may be in the channel already: it is looked for (and resolved) as usual.
+        if not incident.cleared or entry.in_doubt or not (
             untold or (entry.kind is NotificationKind.new and incident.landed != 1)
         ):
             return False
@@ -420,7 +424,7 @@ class OutboxDelivery:
                 log.warning("Slack refused the blocks of entry %d (%s); sending text only", entry.id, exc)
                 text_only = self.sender.plain(message)
                 return await self.sender.post(text_only, thread_ts=thread_ts, marker=marker), False
-            if exc.error == "thread_not_found" and thread_ts:
+            if exc.error in _THREAD_GONE and thread_ts:
                 log.warning(
                     "the Slack thread of entry %d is gone (%s); posting it at top level as the new thread",
                     entry.id,
