@@ -17,8 +17,8 @@ Lost: an expected message not in the channel within ``--bound-s``; duplicated: a
 more than once. ``--diagnoser-from DIR`` imports ``diagnoser`` from another checkout (the fixtures
 stay this one's), to print the same table before a change::
 
-    git archive main diagnoser | tar -x -C /tmp/main-diagnoser
-    python bench/delivery_classified.py --diagnoser-from /tmp/main-diagnoser
+    git archive main -- . ':!tests' | tar -x -C /tmp/main   # the package with its rules and signals
+    python bench/delivery_classified.py --diagnoser-from /tmp/main
 
 Everything runs on 127.0.0.1; about 2 minutes (more before the change, when bounds are reached).
 """
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--bound-s", type=float, default=40.0,
                         help="how long to wait for each expected message")
     parser.add_argument("--glitch-s", type=float, default=20.0, help="how long invalid_auth is answered")
-    parser.add_argument("--diagnoser-from", help="a directory holding another checkout's diagnoser package")
+    parser.add_argument("--diagnoser-from", help="a checkout without tests/ to import diagnoser from")
     args = parser.parse_args()
     if not (0 < args.bound_s <= 600 and 0 < args.glitch_s <= 300):
         print("error: --bound-s must be in (0, 600] and --glitch-s in (0, 300]", file=sys.stderr)
