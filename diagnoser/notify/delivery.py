@@ -73,6 +73,7 @@ from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntr
 from diagnoser.notify.payloads import FindingPayload, IncidentPayload
 from diagnoser.notify.sender import Delivery, Receiver, Sender
 from diagnoser.notify.slack import SlackMessage
+from diagnoser.redact import scrub_text
 
 __all__ = ["DeliveryMetrics", "FanOut", "OutboxDelivery", "backoff_s"]
 
@@ -276,6 +277,7 @@ class OutboxDelivery:
             f" ({oldest.kind.value}, entry {oldest.id}) for {age:.0f}s:"
             f" {oldest.last_error or 'not tried yet'}"
         )
+        reason = scrub_text(reason)  # /readyz is unauthenticated: no credential an error quoted
         if self.stuck is None:
             log.error(reason, extra={"receiver": name, "entry": oldest.id, "queued": len(waiting)})
         self.stuck = reason
