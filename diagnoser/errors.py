@@ -143,7 +143,10 @@ class SendError(DiagnoserError):
     service's own code (``channel_not_found``, ``http_404``) or ``""``; ``permanent``: resending
     cannot help; ``layout``: the rich layout was refused, the plain text alone may pass;
     ``retry_after``: seconds the service asked to wait; ``in_doubt``: the request may have been
-    processed.
+    processed; ``auth``: the credentials were refused (a token revoked or being rotated: the whole
+    receiver waits, retried with backoff until ``notify.delivery.dead_letter_after_s``);
+    ``scope``: what a rate limit covers (``post``, ``update``, ``read_back``), when it covers only
+    that kind of call and not the whole receiver.
     """
 
     def __init__(
@@ -155,6 +158,8 @@ class SendError(DiagnoserError):
         layout: bool = False,
         retry_after: float | None = None,
         in_doubt: bool = False,
+        auth: bool = False,
+        scope: str | None = None,
     ) -> None:
         super().__init__(message)
         self.permanent = permanent
@@ -162,6 +167,8 @@ class SendError(DiagnoserError):
         self.layout = layout
         self.retry_after = retry_after
         self.in_doubt = in_doubt
+        self.auth = auth
+        self.scope = scope
 
 
 class SlackSendError(SendError):

@@ -124,6 +124,13 @@ class DeliverySettings(BaseModel):
     #: A post whose answer never came is looked for (by its marker, where the receiver can read
     #: back) and posted again only when still absent this long after it was sent.
     in_doubt_settle_s: float = Field(default=60.0, ge=0)
+    #: Refused credentials (``invalid_auth``, ``token_revoked``, HTTP 401/403) are retried with
+    #: the backoff above for this long before the message becomes a dead letter: a token being
+    #: rotated delays messages by about the glitch, never by ``dead_letter_retry_s``.
+    dead_letter_after_s: float = Field(default=3600.0, ge=0)
+    #: A receiver whose oldest queued message is undelivered this long is *stuck*: an ERROR log
+    #: line, ``/readyz`` answers 503 naming it, ``diagnoser_receiver_stuck{receiver}`` is 1.
+    stuck_after_s: float = Field(default=120.0, gt=0)
 
 
 class NotifySettings(BaseModel):

@@ -8,9 +8,10 @@ already a dependency of slack-sdk's asyncio clients. :class:`HttpServer` serves 
 a deadline for headers); /healthz and /readyz still answer at the cap, from a small reserve.
 
 - ``GET /healthz``: 200 while the process serves requests.
-- ``GET /readyz``: 200 when the scheduler runs and the last diagnosis is recent enough and some
-  rule could run in it; the body names the rules that could not, and adds the last diagnosis'
-  coverage line (what was evaluated, without data, skipped).
+- ``GET /readyz``: 200 when the scheduler runs, the last diagnosis is recent enough, some rule
+  could run in it and no receiver is stuck (:attr:`~diagnoser.notify.delivery.OutboxDelivery.stuck`);
+  the body says why, names the rules that could not run, and adds the last diagnosis' coverage line
+  (what was evaluated, without data, skipped).
 - ``GET /findings``: the active findings (what Slack was told about, or would have been) as JSON.
 - ``GET /metrics``: Prometheus text format (prometheus-client), see
   :class:`~diagnoser.daemon.metrics.DaemonMetrics`.

@@ -161,6 +161,13 @@ class DaemonMetrics:
             "Replies whose Slack thread was gone, posted at top level instead.",
             registry=r,
         )
+        self.receiver_stuck = Gauge(
+            "diagnoser_receiver_stuck",
+            "1 while a receiver's oldest queued notification is undelivered for longer than"
+            " notify.delivery.stuck_after_s.",
+            ["receiver"],
+            registry=r,
+        )
 
     def _add_health_metrics(self, r: CollectorRegistry) -> None:
         self.leader = Gauge("diagnoser_leader", "1 while this replica is the leader (notifies).", registry=r)

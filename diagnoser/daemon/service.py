@@ -253,7 +253,7 @@ class Daemon:
     # --- what the HTTP side asks --------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready while the schedule runs and the last diagnosis is recent enough."""
+        """Ready while the schedule runs, the last diagnosis is recent enough and no receiver is stuck."""
         if self._stopping:
             return False, "shutting down"
         if not self.schedule.running:
@@ -267,6 +267,9 @@ class Daemon:
         age = time.monotonic() - last
         if age > bound:
             return False, f"last diagnosis {age:.0f}s ago (bound {bound:g}s)"
+        stuck = self.outbox.delivery.stuck if self.outbox and self.outbox.delivery and self.notifies else None
+        if stuck is not None:
+            return False, stuck
         ok = f"ok: last diagnosis {age:.1f}s ago"
         diagnosis = self.diagnoses.last_diagnosis
         if diagnosis is None or not diagnosis.rules_not_run:

@@ -465,15 +465,19 @@ class StateStore:
                 if db.execute("SELECT 1 FROM incidents WHERE id=?", (incident_id,)).fetchone() is None:
                     return None
                 row = db.execute(
-                    "SELECT channel, message_ts, thread_ts, landed FROM receiver_posts"
-                    " WHERE incident_id=? AND receiver=?", (incident_id, receiver),
+                    "SELECT p.channel, p.message_ts, p.thread_ts, p.landed, i.status FROM receiver_posts p"
+                    " JOIN incidents i ON i.id=p.incident_id WHERE p.incident_id=? AND p.receiver=?",
+                    (incident_id, receiver),
                 ).fetchone()
-                return IncidentThread(row[0], row[1], row[2], int(row[3])) if row else IncidentThread(
-                    None, None, None, 0)
-            row = db.execute(
-                "SELECT channel, message_ts, thread_ts, landed FROM incidents WHERE id=?", (incident_id,)
-            ).fetchone()
-        return IncidentThread(row[0], row[1], row[2], int(row[3])) if row else None
+                if row is None:
+                    status = db.execute("SELECT status FROM incidents WHERE id=?", (incident_id,)).fetchone()
+                    return IncidentThread(None, None, None, 0, status[0] == "resolved")
+            else:
+                row = db.execute(
+                    "SELECT channel, message_ts, thread_ts, landed, status FROM incidents WHERE id=?",
+                    (incident_id,),
+                ).fetchone()
+        return IncidentThread(row[0], row[1], row[2], int(row[3]), row[4] == "resolved") if row else None
 
     def thread_of(self, fp: str, *, receiver: str | None = None) -> tuple[str | None, str | None]:
         """``(channel, ts)`` of the thread of this finding's newest incident (or its own), if known."""

@@ -92,6 +92,8 @@ class IncidentThread:
     thread_ts: str | None
     #: 1: its first message reached the channel; -1: it was dead-lettered; 0: not yet.
     landed: int
+    #: The incident has cleared (resolved) since.
+    cleared: bool = False
 
 
 class OutboxStore(Protocol):

@@ -21,6 +21,7 @@ smoothed before Slack has to answer 429.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Capabilities", "Delivery", "HttpAnswer", "Receiver", "SendError", "Sender", "TokenBucket", "post_json",
+    "retry_after_s",
 ]  # fmt: skip
 
 #: A receiver's own message type (Slack's blocks, a webhook's JSON, a PagerDuty event).
@@ -149,6 +151,42 @@ class HttpAnswer:
     retry_after: str | None
     #: Where a redirect points (``Location``), when redirects are not followed.
     location: str | None = None
+
+    def refusal(self, error: type[SendError], message: str, *, now: float | None = None) -> SendError:
+        """The :class:`SendError` a non-2xx answer stands for, by its HTTP status.
+
+        401/403: the credentials were refused (``auth``: retried with backoff, a key being
+        rotated must not lose messages); 408, 425, 429 and 5xx: transient (a 429's
+        ``Retry-After``, seconds or an HTTP date as RFC 9110 allows, kept); any other 4xx: this
+        message is refused for good. A webhook or an events endpoint is one URL, so a rate limit
+        covers the whole receiver.
+        """
+        status = self.status
+        wait = retry_after_s(self.retry_after, now=now) if status in (429, 503) else None
+        return error(
+            message,
+            permanent=400 <= status < 500 and status not in (401, 403, 408, 425, 429),
+            error=f"http_{status}",
+            retry_after=wait,
+            in_doubt=status >= 500,
+            auth=status in (401, 403),
+        )
+
+
+def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` value (delay-seconds or an HTTP date); ``None`` when absent
+    or unreadable."""
+    if value is None or not value.strip():
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 async def post_json(

@@ -36,7 +36,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from diagnoser.config import SlackSettings
 from diagnoser.errors import SlackSendError
 from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
-from diagnoser.notify.slack import SlackMessage
+from diagnoser.notify.slack import SlackMessage, escape
 from diagnoser.redact import redact_url, scrub
 
 __all__ = ["MARKER_EVENT_TYPE", "SlackDelivery", "SlackSendError", "SlackSender"]
@@ -59,8 +59,10 @@ _LAYOUT_ERRORS = frozenset(
         "metadata_too_large",
     }
 )
-#: Errors no retry can fix: the channel, the thread or the credentials were refused. Slack's
-#: Web API documents these for chat.postMessage and the conversations.* methods.
+#: Errors no retry of this message can fix: the channel, the thread or the message (an edit
+#: refused by ``chat.update``: not ours to edit, past the workspace's edit window, deleted) was
+#: refused. Slack's Web API documents these for chat.postMessage, chat.update and the
+#: conversations.* methods. The delivery posts a refused edit anew and goes on.
 _REFUSED_ERRORS = frozenset(
     {
         "channel_not_found",
@@ -68,11 +70,8 @@ _REFUSED_ERRORS = frozenset(
         "is_archived",
         "thread_not_found",
         "message_not_found",
-        "invalid_auth",
-        "not_authed",
-        "account_inactive",
-        "token_revoked",
-        "token_expired",
+        "cant_update_message",
+        "edit_window_closed",
         "no_permission",
         "missing_scope",
         "not_allowed_token_type",
@@ -83,7 +82,6 @@ _REFUSED_ERRORS = frozenset(
         "team_access_not_granted",
         "ekm_access_denied",
         # Incoming webhooks answer these as plain text with 400/403/404/410.
-        "invalid_token",
         "no_service",
         "no_service_id",
         "no_team",
@@ -92,6 +90,12 @@ _REFUSED_ERRORS = frozenset(
         "posting_to_general_channel_denied",
         "channel_is_archived",
     }
+)
+#: The credentials were refused: every call fails alike until the token is fixed (rotated,
+#: reinstalled). Retried with backoff for ``notify.delivery.dead_letter_after_s`` before any
+#: message becomes a dead letter, so a short glitch delays messages by about its own length.
+_AUTH_ERRORS = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired", "invalid_token"}
 )
 #: Errors after which the message may have been posted anyway (Slack says "it's possible some
 #: aspect of the operation succeeded").
@@ -117,6 +121,14 @@ def _retry_after(headers: Any) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def _on_the_wire(message: SlackMessage) -> SlackMessage:
+    """The message as Slack must receive it: credentials scrubbed (a source error or a label
+    quoting a URL with them), and ``text`` escaped as Slack documents for mrkdwn (``&``, ``<``,
+    ``>``), so a label holding ``<!channel>`` or ``<@U123>`` mentions nobody. The renderers' text
+    is plain (the JSON webhook sends it as is); their blocks are escaped already."""
+    return SlackMessage(escape(scrub(message.text)), scrub(message.blocks))
 
 
 def _is_permanent(error: str) -> bool:
@@ -188,8 +200,7 @@ class SlackSender:
         self, message: SlackMessage, *, thread_ts: str | None = None, marker: str | None = None
     ) -> SlackDelivery:
         """Post ``message`` (into ``thread_ts``'s thread when given and possible), carrying ``marker``."""
-        # Last line of defence: a source error or label quoting a URL with credentials.
-        message = SlackMessage(scrub(message.text), scrub(message.blocks))
+        message = _on_the_wire(message)
         await self._bucket.take()
         try:
             if self._web is not None:
@@ -197,7 +208,7 @@ class SlackSender:
             if self._webhook is not None:
                 return await self._post_webhook(message)
         except Exception as exc:
-            raise _classified(exc) from exc
+            raise _classified(exc, scope="post") from exc
         raise SlackSendError("Slack is not configured", permanent=True)
 
     async def update(self, message: SlackMessage, *, ts: str, channel: str | None = None) -> Delivery:
@@ -206,7 +217,7 @@ class SlackSender:
             raise SlackSendError(
                 "an incoming webhook cannot edit a message", permanent=True, error="not_supported"
             )
-        message = SlackMessage(scrub(message.text), scrub(message.blocks))
+        message = _on_the_wire(message)
         await self._bucket.take()
         try:
             where = channel or await self._resolve_channel()
@@ -216,7 +227,7 @@ class SlackSender:
         except SlackSendError:
             raise
         except Exception as exc:
-            raise _classified(exc) from exc
+            raise _classified(exc, scope="update") from exc
         return Delivery(str(response.get("channel") or where), str(response.get("ts") or ts))
 
     async def find_posted(self, marker: str, *, thread_ts: str | None, since: float) -> SlackDelivery | None:
@@ -255,7 +266,7 @@ class SlackSender:
         except SlackSendError:
             raise
         except Exception as exc:
-            raise _classified(exc) from exc
+            raise _classified(exc, scope="read_back") from exc
         return None
 
     async def _resolve_channel(self) -> str:
@@ -311,19 +322,26 @@ class SlackSender:
         if status != 200:
             body = (response.body or "").strip()[:200]
             error = body if re.fullmatch(r"[a-z_]+", body) else ""
+            auth = error in _AUTH_ERRORS or status in (401, 403)
             raise SlackSendError(
                 f"the webhook answered HTTP {status} {body}".rstrip(),
-                permanent=_is_permanent(error) or status in (400, 403, 404, 410),
+                permanent=not auth and (_is_permanent(error) or status in (400, 404, 410)),
                 error=error,
                 layout=error in _LAYOUT_ERRORS,
                 retry_after=_retry_after(response.headers) if status == 429 else None,
                 in_doubt=status >= 500,
+                auth=auth,
             )
         return SlackDelivery(None, None)
 
 
-def _classified(exc: BaseException) -> SlackSendError:
-    """One :class:`SlackSendError` for whatever slack-sdk or aiohttp raised."""
+def _classified(exc: BaseException, *, scope: str) -> SlackSendError:
+    """One :class:`SlackSendError` for whatever slack-sdk or aiohttp raised.
+
+    ``scope``: the kind of call (``post``, ``update``, ``read_back``). Slack's rate limits are per
+    method (chat.update is Tier 3, chat.postMessage about one per second per channel), so a 429
+    holds back only calls of its kind.
+    """
     if isinstance(exc, SlackSendError):
         return exc
     if isinstance(exc, SlackApiError):
@@ -332,13 +350,16 @@ def _classified(exc: BaseException) -> SlackSendError:
         error = str(data.get("error", "")) if isinstance(data, dict) else ""
         status = exc.response.status_code if exc.response is not None else 0
         headers = exc.response.headers if exc.response is not None else None
+        limited = status == 429
         return SlackSendError(
             f"Slack refused the message: HTTP {status} {error or 'error'}",
             permanent=_is_permanent(error),
             error=error,
             layout=error in _LAYOUT_ERRORS,
-            retry_after=_retry_after(headers) if status == 429 else None,
+            retry_after=_retry_after(headers) if limited else None,
             in_doubt=status >= 500 or error in _MAYBE_PROCESSED_ERRORS,
+            auth=error in _AUTH_ERRORS,
+            scope=scope if limited else None,
         )
     if isinstance(exc, aiohttp.ClientConnectorError):
         # The connection was never made: the request was certainly not processed.

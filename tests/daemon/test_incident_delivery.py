@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -24,6 +25,7 @@ from diagnoser.daemon.state import StateStore
 from diagnoser.models import Diagnosis, Finding
 from diagnoser.notify.delivery import OutboxDelivery
 from diagnoser.notify.outbox import render_entry
+from diagnoser.notify.receivers.webhook import WebhookMessage
 from diagnoser.notify.sender import Sender, TokenBucket
 from diagnoser.notify.slack_sender import SlackSender
 from diagnoser.notify.webhook_sender import JsonWebhookSender
@@ -86,20 +88,34 @@ async def test_a_first_message_refused_holds_its_incident_until_a_retry_delivers
     config = settings(slack)
     clock = [1000.0]
     out = delivery(store, SlackSender(config), config, clock)
-    slack.refuse("invalid_auth", times=1)  # a token being rotated
+    slack.refuse("channel_not_found", times=1)  # a channel being renamed
     decide(store, cause(), now=1000)
     await out.flush()
     assert [kind for _, kind, _ in store.dead_letters()] == ["new"]
-    decide(store, now=1010)  # it clears while nobody was told about it: nothing to resolve
-    await out.flush()
-    assert slack.messages == [] and store.pending_count() == 0
-    decide(store, cause("b"), now=1020)  # the queue goes on meanwhile
+    decide(store, cause(), cause("b"), now=1020)  # still there; the queue goes on meanwhile
     await out.flush()
     assert [m.text.split("Pool ")[1].split(" ")[0] for m in slack.messages] == ["b"]
     clock[0] = 1000 + 61  # the slow schedule: the dead letter is tried again, and lands
     await out.flush()
     assert [m.text.split("Pool ")[1].split(" ")[0] for m in slack.messages] == ["b", "orders"]
     assert store.dead_letters() == []
+
+
+async def test_a_dead_letter_retried_after_its_incident_cleared_is_not_announced(
+    store: StateStore, slack: SlackFixtureServer
+) -> None:
+    config = settings(slack)
+    clock = [1000.0]
+    out = delivery(store, SlackSender(config), config, clock)
+    slack.refuse("channel_not_found", times=1)
+    decide(store, cause(), now=1000)
+    await out.flush()
+    decide(store, now=1010)  # it clears while nobody was told about it: nothing to resolve
+    await out.flush()
+    assert slack.messages == [] and store.pending_count() == 0
+    clock[0] = 1000 + 61  # the dead letter is tried again: a CRITICAL for a pool long since fine
+    await out.flush()
+    assert slack.messages == [] and store.pending_count() == 0 and store.dead_letters() == []
 
 
 async def test_the_json_webhook_sender_posts_every_message_as_one_json_object(store: StateStore) -> None:
@@ -122,6 +138,7 @@ async def test_the_json_webhook_sender_posts_every_message_as_one_json_object(st
         assert sender.capabilities.threads is False and sender.capabilities.read_back is False
         out = delivery(store, sender, SlackSettings(), [1000.0])
         decide(store, cause(), now=1000)
+        await out.flush()
         decide(store, now=1010)
         await out.flush()
     finally:
@@ -171,3 +188,67 @@ async def test_an_alert_report_about_an_incidents_service_goes_in_its_thread(
     await out.flush()
     (reply,) = slack.replies(top.ts)
     assert reply.text.startswith("Diagnosis for CheckoutSlow")
+
+
+async def test_an_edit_refused_for_good_is_posted_anew_in_the_thread(
+    store: StateStore, slack: SlackFixtureServer
+) -> None:
+    config = settings(slack)
+    clock = [1000.0]
+    out = delivery(store, SlackSender(config), config, clock)
+    decide(store, cause(), symptom(), now=1000)
+    await out.flush()
+    (top,) = slack.top_level()
+    slack.lock_edits("edit_window_closed")
+    decide(store, cause(), now=1010)  # the symptom clears: an edit alone, no reply
+    await out.flush()
+    assert slack.updates == [] and store.pending_count() == 0
+    (anew,) = slack.replies(top.ts)
+    assert anew.blocks[0]["text"]["text"] == "CRITICAL: connection_pool_exhaustion: Pool orders exhausted"
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        # Credentials refused (a key being rotated): retried with backoff, not refused for good.
+        (401, {}, {"auth": True, "permanent": False}),
+        (403, {}, {"auth": True, "permanent": False}),
+        # RFC 9110 allows an HTTP date in Retry-After: 30 s from now is kept as such.
+        (429, {"Retry-After": "DATE+30"}, {"permanent": False, "retry_after": 30}),
+        (408, {}, {"permanent": False, "auth": False}),
+        (422, {}, {"permanent": True, "auth": False}),
+    ],
+)
+async def test_the_json_webhook_classifies_its_documented_status_codes(
+    status: int, headers: dict[str, str], expected: dict[str, Any]
+) -> None:
+    from email.utils import formatdate
+
+    from diagnoser.errors import WebhookSendError
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(status)
+            for key, value in headers.items():
+                when = formatdate(time.time() + 30, usegmt=True)
+                self.send_header(key, value.replace("DATE+30", when))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    http = BackgroundHTTPServer(Receiver, name="json-receiver").start()
+    try:
+        sender = JsonWebhookSender(f"http://127.0.0.1:{http.port}/hook")
+        with pytest.raises(WebhookSendError) as caught:
+            await sender.post(WebhookMessage("text"), marker="dgn-1-a")
+    finally:
+        http.stop()
+    error = caught.value
+    for name, value in expected.items():
+        if name == "retry_after":
+            assert error.retry_after is not None and value - 2 <= error.retry_after <= value
+        else:
+            assert getattr(error, name) == value, name

@@ -108,6 +108,21 @@ async def test_a_trigger_sent_again_after_a_5xx_is_folded_into_one_alert(
     assert pagerduty.opened == [key] and pagerduty.alerts[key].triggers == 2
 
 
+async def test_a_proxy_refusing_credentials_is_retried_with_backoff_not_dead_lettered(
+    store: StateStore, pagerduty: PagerDutyFixtureServer
+) -> None:
+    clock = [1000.0]
+    out = delivery(store, receiver(pagerduty), clock)
+    decide(store, cause(), now=1000)
+    pagerduty.fail(403)  # an egress proxy whose credentials are being rotated
+    await out.flush()
+    [waiting] = store.pending()
+    assert "HTTP 403" in str(waiting.last_error) and store.dead_letters() == []
+    clock[0] += 5  # past the first backoff
+    await out.flush()
+    assert store.pending() == [] and len(pagerduty.opened) == 1
+
+
 async def test_an_invalid_event_is_dead_lettered_and_the_queue_goes_on(
     store: StateStore, pagerduty: PagerDutyFixtureServer
 ) -> None:

@@ -81,11 +81,14 @@ async def test_500_and_down_are_transient(slack: SlackFixtureServer, door: str) 
     assert len(slack.messages) == 1
 
 
-async def test_wrong_token_and_channel_are_permanent(slack: SlackFixtureServer) -> None:
+async def test_a_wrong_token_is_refused_credentials_and_an_unknown_channel_permanent(
+    slack: SlackFixtureServer,
+) -> None:
     wrong = SlackSender(SlackSettings(token=SecretStr("xoxb-wrong"), channel="#oncall", base_url=slack.api_url))
     with pytest.raises(SlackSendError, match="invalid_auth") as caught:
         await wrong.post(MESSAGE)
-    assert caught.value.permanent and caught.value.error == "invalid_auth"
+    # Retried with backoff for dead_letter_after_s (a token being rotated), not dead at once.
+    assert caught.value.auth and not caught.value.permanent and caught.value.error == "invalid_auth"
     lost = SlackSender(SlackSettings(token=SecretStr(slack.token), channel="#nowhere", base_url=slack.api_url))
     with pytest.raises(SlackSendError, match="channel_not_found") as caught:
         await lost.post(MESSAGE)

@@ -11,7 +11,9 @@ The wire format is PagerDuty's documented one: ``POST {events_url}`` (default
 ``https://events.pagerduty.com/v2/enqueue``) with ``{"routing_key", "event_action",
 "dedup_key", "payload": {"summary", "source", "severity", "component", "group", "class",
 "custom_details"}, "links", "client"}``; ``202 {"status": "success", "dedup_key": ...}`` is
-delivered, ``400`` (an invalid event) is a refusal, ``429`` and ``5xx`` are retried. ::
+delivered, ``400`` (an invalid event) refuses that event, ``429`` and ``5xx`` are retried with
+backoff (PagerDuty documents no ``Retry-After``; one sent is kept), ``401``/``403`` from a proxy
+in front too, until ``notify.delivery.dead_letter_after_s``. ::
 
     notify:
       receivers:
@@ -207,12 +209,7 @@ class PagerDutyReceiver:
         said = "; ".join(str(e) for e in answer.get("errors", [])) or str(
             answer.get("message") or text.strip()
         )
-        raise PagerDutySendError(
-            f"PagerDuty answered HTTP {status}: {said}".rstrip(": "),
-            permanent=400 <= status < 500 and status not in (408, 429),
-            error=f"http_{status}",
-            in_doubt=status >= 500,
-        )
+        raise reply.refusal(PagerDutySendError, f"PagerDuty answered HTTP {status}: {said}".rstrip(": "))
 
 
 def _json(text: str) -> dict[str, Any]:

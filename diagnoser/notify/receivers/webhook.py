@@ -5,8 +5,9 @@ body is ``{"text", "blocks", "marker", "thread_ts", "updates"}``: ``text`` is th
 ``blocks`` the Slack layout (ignored by receivers that do not want it), ``marker`` the
 notification's id (stable across retries, so a receiver can drop a repeat), and ``updates`` the
 ``ts`` of a message this one replaces (an edit). It has no threads nor read-back; an edit is a
-new POST naming what it replaces. A 2xx is delivered; 429 (with ``Retry-After``) and 5xx are
-retried; any other 4xx is a refusal. ::
+new POST naming what it replaces. A 2xx is delivered; 408, 429 (with ``Retry-After``) and 5xx
+are retried with backoff, 401/403 too (credentials being rotated) until
+``notify.delivery.dead_letter_after_s``; any other 4xx refuses that one message. ::
 
     notify:
       receivers:
@@ -273,23 +274,11 @@ class JsonWebhookSender:
         return text
 
     def _judge(self, answer: HttpAnswer) -> Delivery:
-        status, text, retry_after = answer.status, self._hidden(answer.text, self.url), answer.retry_after
+        status, text = answer.status, self._hidden(answer.text, self.url)
         if 200 <= status < 300:
             # Receivers rarely name what they stored: an id of our own stands for it.
             return Delivery(None, f"webhook-{secrets.token_hex(6)}")
-        wait = None
-        if status == 429 and retry_after is not None:
-            try:
-                wait = max(0.0, float(retry_after))
-            except ValueError:
-                wait = None
-        raise WebhookSendError(
-            f"the webhook answered HTTP {status} {text.strip()}".rstrip(),
-            permanent=400 <= status < 500 and status not in (408, 429),
-            error=f"http_{status}",
-            retry_after=wait,
-            in_doubt=status >= 500,
-        )
+        raise answer.refusal(WebhookSendError, f"the webhook answered HTTP {status} {text.strip()}".rstrip())
 
 
 def _is_address(host: str) -> bool:
