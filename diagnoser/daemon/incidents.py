@@ -24,7 +24,38 @@ from diagnoser.config import Settings
 from diagnoser.models import Finding
 from diagnoser.promql.duration import duration_seconds
 
-__all__ = ["Group", "IncidentPolicy", "group_findings", "same_scope", "service_of"]
+__all__ = [
+    "Group",
+    "IncidentPolicy",
+    "explains",
+    "group_findings",
+    "same_scope",
+    "served_services",
+    "service_of",
+]
+
+#: Evidence labels that name a service a finding's subject serves (a server's clients).
+_CLIENT_LABELS = ("client_service", "client_job")
+
+
+def served_services(finding: Finding) -> set[str]:
+    """Services the finding's evidence names as served by its subject (a database's, a pool's or
+    a proxy's clients: ``client_service``), besides its own."""
+    own = finding.service
+    return {
+        row.labels[key]
+        for row in finding.evidence
+        for key in _CLIENT_LABELS
+        if row.labels.get(key) and row.labels[key] != own
+    }
+
+
+def explains(cause: Finding, other: Finding) -> bool:
+    """Whether ``cause`` explains ``other``: one of its explained causes, in its scope or in a
+    service its evidence names as served by it."""
+    if cause is other or not cause.leads_as_cause or other.cause not in cause.explained_causes:
+        return False
+    return same_scope(cause, other) or other.service in served_services(cause)
 
 
 @dataclass(frozen=True)
@@ -103,12 +134,12 @@ def group_findings(findings: Iterable[Finding]) -> list[Group]:
     taken: set[int] = set()
     groups: list[Group] = []
     for i, cause in enumerate(ranked):
-        if i in taken or cause.kind != "cause" or not _explains_any(cause, ranked, taken, i):
+        if i in taken or not cause.leads_as_cause or not _explains_any(cause, ranked, taken, i):
             continue
         taken.add(i)
         group = Group(cause)
         for j, other in enumerate(ranked):
-            if j not in taken and other.cause in cause.explains and same_scope(cause, other):
+            if j not in taken and explains(cause, other):
                 taken.add(j)
                 group.explained.append(other)
         groups.append(group)
@@ -118,7 +149,4 @@ def group_findings(findings: Iterable[Finding]) -> list[Group]:
 
 
 def _explains_any(cause: Finding, ranked: list[Finding], taken: set[int], at: int) -> bool:
-    return any(
-        j != at and j not in taken and other.cause in cause.explains and same_scope(cause, other)
-        for j, other in enumerate(ranked)
-    )
+    return any(j != at and j not in taken and explains(cause, other) for j, other in enumerate(ranked))

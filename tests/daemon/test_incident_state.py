@@ -225,13 +225,28 @@ def test_an_incident_whose_cause_is_gone_keeps_it_and_is_not_taken_over(store: S
     (first,) = run(store, pool, errors, now=0, policy=policy)
     # The pool is fixed; the errors last a little longer and another cause that explains them appears.
     entries = run(store, errors, empty, now=10, policy=policy)
-    assert [(e.kind.value, e.incident_id == first.incident_id) for e in entries] == [("new", False)]
+    # The pool's message is edited to say its cause is not seen now; the errors stay in it.
+    assert [(e.kind.value, e.incident_id == first.incident_id) for e in entries] == [
+        ("new", False), ("update", True)]  # fmt: skip
+    edited = entries[1].payload
+    assert isinstance(edited, IncidentPayload) and edited.view.earlier_cause is not None
+    assert edited.view.lead.cause == "error_rate_breach"
     shown = store.incident_thread(first.incident_id or 0)
     assert shown is not None
-    assert run(store, empty, now=200, policy=policy) == []
-    (resolved,) = run(store, empty, now=301, policy=policy)
+    assert run(store, errors, empty, now=100, policy=policy) == []
+    # Resolution follows the cause: clear for resolve_after since it cleared at 10, whatever the errors do.
+    (resolved,) = run(store, errors, empty, now=111, policy=policy)
     assert resolved.kind.value == "resolved" and resolved.incident_id == first.incident_id
     assert resolved.finding is not None and resolved.finding.cause == "connection_pool_exhaustion"
+    assert isinstance(resolved.payload, IncidentPayload) and "still recovering: error_rate_breach" in (
+        resolved.payload.note or "")
+    # The errors recover later: said in the thread, once; no new incident for them meanwhile.
+    assert run(store, errors, empty, now=150, policy=policy) == []
+    (recovered,) = run(store, empty, now=160, policy=policy)
+    assert recovered.incident_id == first.incident_id
+    assert isinstance(recovered.payload, IncidentPayload)
+    assert recovered.payload.note == "Symptoms recovered 2.5 min after the cause cleared"
+    assert run(store, empty, now=170, policy=policy) == []
 
 
 def test_serve_replay_dead_letters_puts_them_back_in_their_place(tmp_path: Path) -> None:
