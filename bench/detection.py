@@ -59,8 +59,8 @@ class Clients:
 
         def client() -> None:
             while not stop.is_set():
-                with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(self.url, timeout=10):
-                    pass
+                with contextlib.suppress(urllib.error.URLError, OSError):
+                    urllib.request.urlopen(self.url, timeout=10).close()
                 stop.wait(pause_s)
 
         threading.Thread(target=client, daemon=True).start()
@@ -105,7 +105,9 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-detection-"))
     with (
         pool_service("sqlalchemy_orders.py", "--pool-size", "5") as service,
-        LocalPrometheus(scrape_targets=[service.removeprefix("http://")], scrape_interval=SCRAPE) as prometheus,
+        LocalPrometheus(
+            scrape_targets=[service.removeprefix("http://")], scrape_interval=SCRAPE
+        ) as prometheus,
         SlackFixtureServer() as slack,
     ):
         config = workdir / "config.yaml"
@@ -130,7 +132,6 @@ def main() -> int:
             posted = wait(lambda: bool(pool_posts(slack)), args.max_s)
             time.sleep(30)
             heavy.remove_all()
-            fixed = time.monotonic()
             resolved = wait(lambda: any(m.text.startswith("Resolved") and "connection_pool" in m.text
                                         for m in slack.messages), args.max_s)  # fmt: skip
             clients.remove_all()
@@ -148,8 +149,8 @@ def main() -> int:
         print(f"fix to resolution: {resolved:.0f} s (goal <= {RESOLVE_GOAL_S:.0f} s:"
               f" {'met' if resolved <= RESOLVE_GOAL_S else 'missed'})")  # fmt: skip
     top = [m for m in slack.messages if m.thread_ts is None and m.via == "api"]
-    print(f"slack: {len(top)} top-level, {len(slack.messages) - len(top)} replies, {len(slack.updates)} edits")
-    del fixed
+    replies = len(slack.messages) - len(top)
+    print(f"slack: {len(top)} top-level, {replies} replies, {len(slack.updates)} edits")
     return 0
 
 

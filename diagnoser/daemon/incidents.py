@@ -17,16 +17,19 @@ Prometheus' terms: ``pending_for`` (``group_wait`` / ``for``), ``resolve_after``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from diagnoser.config import Settings
 from diagnoser.models import Finding
 from diagnoser.promql.duration import duration_seconds
+from diagnoser.ruleset import Rule, RuleSet
 
 __all__ = [
     "Group",
     "IncidentPolicy",
+    "confirms_over_window",
     "explains",
     "group_findings",
     "same_scope",
@@ -76,17 +79,25 @@ class IncidentPolicy:
     cooldown_s: float = 3600.0
     #: The headline number changed by at least this share: the message is edited.
     material_change: float = 0.25
+    #: Rules whose conditions confirm over the confirmation window: a finding of theirs has held
+    #: for it by the time it is found, so its onset (when it tells none) is taken that long before.
+    confirming_rules: frozenset[str] = frozenset()
+    confirm_s: float = 0.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> IncidentPolicy:
-        """The daemon's policy, its defaults resolved: ``pending_for`` one confirmation window,
-        ``resolve_after`` two diagnosis intervals plus one confirmation window."""
+    def from_settings(cls, settings: Settings, rules: RuleSet | None = None) -> IncidentPolicy:
+        """The daemon's policy, its defaults resolved: ``pending_for`` one confirmation window
+        (counted from the onset), ``resolve_after`` two diagnosis intervals or half a confirmation
+        window, the longer (counted from the cause's clearing)."""
         daemon = settings.daemon
         confirm_s = duration_seconds(settings.effective_confirm_window)
         pending = daemon.pending_for_s if daemon.pending_for_s is not None else confirm_s
         resolve = daemon.resolve_after_s
         if resolve is None:
-            resolve = 2 * daemon.diagnose_interval_s + confirm_s
+            # A rule that confirms over the window clears only once a good part of it is healthy:
+            # what is added here keeps a missed diagnosis or a short flap from resolving it; a
+            # return after that reopens its thread (reopen_within), it is never a new post.
+            resolve = max(2 * daemon.diagnose_interval_s, confirm_s / 2)
         return cls(
             pending_for_s=pending,
             resolve_after_s=resolve,
@@ -94,7 +105,14 @@ class IncidentPolicy:
             digest_threshold=daemon.digest_threshold,
             reply_min_interval_s=daemon.reply_min_interval_s,
             cooldown_s=daemon.cooldown_s,
+            confirming_rules=frozenset(r.id for r in (rules or ()) if confirms_over_window(r)),
+            confirm_s=confirm_s,
         )
+
+
+def confirms_over_window(rule: Rule) -> bool:
+    """Whether one of the rule's conditions reads ``${confirm_window}`` (it holds over that range)."""
+    return any("${confirm_window}" in json.dumps(c.raw_params, default=str) for c in rule.when)
 
 
 @dataclass

@@ -153,6 +153,8 @@ class IncidentBook:
         """When the incident began: the earliest onset its rules detected (``Finding.since``),
         else the first evaluation that saw it."""
         detected = [f.since.timestamp() for f in present if f.since is not None]
+        if any(f.since is None and f.rule_id in self.policy.confirming_rules for f in present):
+            detected.append(row.opened_at - self.policy.confirm_s)  # it held over the window to be found
         return min([row.opened_at, *detected])
 
     def _load(self, where: str, args: tuple[object, ...]) -> list[_Row]:

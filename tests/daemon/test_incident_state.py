@@ -265,3 +265,34 @@ def test_serve_replay_dead_letters_puts_them_back_in_their_place(tmp_path: Path)
         assert [e.id for e in reopened.pending()] == [new.id] and reopened.dead_letters() == []
     finally:
         reopened.close()
+
+
+def test_pending_for_counts_from_the_onset_the_rule_detected(store: StateStore) -> None:
+    policy = IncidentPolicy(pending_for_s=120)
+    began = cause().model_copy(update={"since": datetime.fromtimestamp(1000 - 100, UTC)})
+    assert run(store, began, now=1000, policy=policy) == []  # held 100 s of 120
+    assert kinds(run(store, began, now=1020, policy=policy)) == ["new"]
+
+
+def test_a_rule_that_confirms_over_the_window_has_held_it_when_found(store: StateStore) -> None:
+    policy = IncidentPolicy(pending_for_s=120, confirm_s=120, confirming_rules=frozenset({"pools/pool-exhaustion"}))
+    assert kinds(run(store, cause(), now=1000, policy=policy)) == ["new"]
+    other = symptom("billing")  # its rule does not confirm: pending_for from its first evaluation
+    assert run(store, cause(), other, now=1001, policy=policy) == []
+    assert kinds(run(store, cause(), other, now=1121, policy=policy)) == ["new"]
+
+
+def test_resolution_follows_the_lead_cause_and_says_what_still_recovers(store: StateStore) -> None:
+    policy = IncidentPolicy(resolve_after_s=60)
+    assert kinds(run(store, cause(), symptom(), now=0, policy=policy)) == ["new"]
+    (edit,) = run(store, symptom(), now=10, policy=policy)  # fixed; the p99 window still decays
+    assert isinstance(edit.payload, IncidentPayload) and edit.kind.value == "update"
+    assert edit.payload.view.earlier_cause is not None and edit.payload.view.lead.cause == "latency_slo_breach"
+    assert run(store, symptom(), now=60, policy=policy) == []
+    (resolved,) = run(store, symptom(), now=70, policy=policy)
+    assert resolved.kind.value == "resolved" and isinstance(resolved.payload, IncidentPayload)
+    assert resolved.payload.view.lead.cause == "connection_pool_exhaustion"
+    assert resolved.payload.note == "Resolved: its cause cleared 1 min ago; still recovering: latency_slo_breach"
+    (recovered,) = run(store, now=100, policy=policy)
+    assert isinstance(recovered.payload, IncidentPayload)
+    assert recovered.payload.note == "Symptoms recovered 1.5 min after the cause cleared"
