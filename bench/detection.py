@@ -151,6 +151,8 @@ def main() -> int:
     top = [m for m in slack.messages if m.thread_ts is None and m.via == "api"]
     replies = len(slack.messages) - len(top)
     print(f"slack: {len(top)} top-level, {replies} replies, {len(slack.updates)} edits")
+    for message in top:
+        print(f"  top-level: {message.text[:110]}")
     return 0
 
 

@@ -11,7 +11,11 @@ matched to the incident that already holds one of its findings, or to one resolv
   number changes materially; a severity change or a new cause also gets a thread reply (a new
   cause at most once per ``reply_min_interval_s``); a reminder after the cooldown;
 - **clear**: gone from a diagnosis (and not because a source it reads failed, nor a silence) it
-  is resolved only after ``resolve_after`` without it; back before that, nothing is said;
+  is resolved only after ``resolve_after`` without it; back before that, nothing is said. An
+  incident led by a cause follows the cause: its symptoms lagging do not hold it open (the message
+  says the cause is not seen now, the resolution what still recovers, a reply when it has);
+- **pending** counts from the onset (:meth:`IncidentBook._onset`), not the first evaluation;
+- a symptom back without its cause reopens the thread saying so, with its own current numbers;
 - an incident whose first message was dead-lettered is resolved silently.
 
 Two incidents that one cause now explains are merged into the older one; the other's message
