@@ -5,8 +5,9 @@ explains another in the same *scope*: the same service (namespace and ``service`
 label), or either is about no service at all (a node, a cluster-wide dependency, the probe's own
 target), or the other's service is one the cause's evidence names as its client
 (``client_service``: a database, pool or proxy serving it). A target that is down
-(``target_unreachable``) is its own cause (:data:`~diagnoser.models.SELF_EXPLAINED`). Findings come ranked (causes that explain an active symptom first), so the most
-important cause leads its incident and the symptoms it explains are folded in; a symptom nothing
+(``target_unreachable``) is its own cause (:data:`~diagnoser.models.SELF_EXPLAINED`). Findings
+come ranked (causes that explain an active symptom first), so the most important cause leads its
+incident and the symptoms it explains are folded in; a symptom nothing
 explains leads an incident of its own ("no cause found yet") until a cause appears. ::
 
     for group in group_findings(diagnosis.findings):
