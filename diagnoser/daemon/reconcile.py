@@ -146,7 +146,7 @@ class IncidentBook:
                     due.append((row, view))
                 else:
                     self._save(row, members=row.members, view=view)
-            elif row.status == "open" and view.earlier_cause is not None:
+            elif row.status == "open" and view.earlier_cause is not None and _cause_went(row):
                 gone += self._cause_gone(row, view, present)
             else:
                 decisions += self._present(row, view)
@@ -270,7 +270,8 @@ class IncidentBook:
             resolve_after_s=self.policy.resolve_after_s,
             reopened=row.view.reopened + (1 if row.status == "reopening" else 0),
             earlier_cause=earlier,
-            cause_cleared_at=row.view.cause_cleared_at if earlier is not None else None,
+            # A reopening without its cause is about what came back: no clock of a cause runs.
+            cause_cleared_at=row.view.cause_cleared_at if earlier and row.status == "open" else None,
         )
 
     # --- transitions ---------------------------------------------------------------------
@@ -450,6 +451,12 @@ class IncidentBook:
                 row.id,
             ),
         )
+
+
+def _cause_went(row: _Row) -> bool:
+    """The cause led the incident as last told and is gone now, or went earlier in this episode
+    (its symptoms lag): the resolution follows it."""
+    return row.view.has_cause or row.view.cause_cleared_at is not None
 
 
 def _alive(rows: list[_Row]) -> list[_Row]:

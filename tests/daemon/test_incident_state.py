@@ -296,3 +296,17 @@ def test_resolution_follows_the_lead_cause_and_says_what_still_recovers(store: S
     (recovered,) = run(store, now=100, policy=policy)
     assert isinstance(recovered.payload, IncidentPayload)
     assert recovered.payload.note == "Symptoms recovered 1.5 min after the cause cleared"
+
+
+def test_a_symptom_back_without_its_cause_is_told_so_and_stays_open_while_it_lasts(store: StateStore) -> None:
+    policy = IncidentPolicy(resolve_after_s=30, reopen_within_s=1800)
+    (first,) = run(store, cause(), symptom(), now=0, policy=policy)
+    assert run(store, now=10, policy=policy) == []
+    assert kinds(run(store, now=40, policy=policy)) == ["resolved"]
+    (back,) = run(store, symptom(), now=100, policy=policy)
+    assert back.kind.value == "reopened" and back.incident_id == first.incident_id
+    assert isinstance(back.payload, IncidentPayload) and back.payload.view.lead.cause == "latency_slo_breach"
+    assert "latency_slo_breach is back; connection_pool_exhaustion is not seen now" in (back.payload.note or "")
+    assert run(store, symptom(), now=200, policy=policy) == []  # what came back is still there
+    assert run(store, now=210, policy=policy) == []
+    assert kinds(run(store, now=241, policy=policy)) == ["resolved"]
