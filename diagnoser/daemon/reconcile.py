@@ -252,12 +252,14 @@ class IncidentBook:
         causes = [f for f in members if f.leads_as_cause]
         lead = next((c for c in causes if any(explains(c, f) for f in members if f is not c)), None)
         earlier = row.view.earlier_cause or (row.view.lead if row.view.has_cause else None)
+        # Without a cause, the symptom that led it last keeps leading while it lasts: two symptoms
+        # ranked in turn from one run to the next must not rewrite the header every cycle.
+        kept = next((f for f in members if f.identity == row.view.lead.identity), members[0])
         if lead is None and not causes and earlier is not None and row.status != "pending":
             # Its cause is gone while symptoms last (or came back without it): the message says
             # what is there now and names the cause only as not seen, until it is confirmed again.
-            lead = members[0]
-            return self._shown(row, lead, members[1:], earlier=earlier)
-        lead = lead or (causes[0] if causes else members[0])
+            return self._shown(row, kept, [f for f in members if f is not kept], earlier=earlier)
+        lead = lead or (causes[0] if causes else kept)
         return self._shown(row, lead, [f for f in members if f is not lead])
 
     def _shown(
