@@ -29,6 +29,7 @@ from diagnoser.numbers import format_measure
 
 __all__ = [
     "CAUSES",
+    "SELF_EXPLAINED",
     "SYMPTOMS",
     "Coverage",
     "CoverageStatus",
@@ -88,6 +89,12 @@ CAUSES: frozenset[str] = frozenset(
 
 #: Symptoms: what users feel. Causes are ranked by whether they explain an active symptom.
 SYMPTOMS: frozenset[str] = frozenset({"latency_slo_breach", "error_rate_breach", "target_unreachable"})
+
+#: Symptoms that are their own cause, with what they explain: a target that is down needs no
+#: other rule to say why its clients fail, so it leads its incident (never "no cause found yet").
+SELF_EXPLAINED: Mapping[str, tuple[str, ...]] = {
+    "target_unreachable": ("error_rate_breach", "latency_slo_breach", "load_shedding"),
+}
 
 
 class Severity(StrEnum):
@@ -348,6 +355,16 @@ class Finding(BaseModel):
         The one answer for grouping, routing, scope and the capacity bottleneck alike.
         """
         return service_of(self.labels)
+
+    @property
+    def leads_as_cause(self) -> bool:
+        """A cause, or a symptom that is its own cause (:data:`SELF_EXPLAINED`)."""
+        return self.kind == "cause" or self.cause in SELF_EXPLAINED
+
+    @property
+    def explained_causes(self) -> tuple[str, ...]:
+        """What it explains: its rule's ``explains``, and a self-explained symptom's own list."""
+        return (*self.explains, *SELF_EXPLAINED.get(self.cause, ()))
 
     @property
     def is_actionable(self) -> bool:

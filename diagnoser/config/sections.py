@@ -234,10 +234,10 @@ class DaemonSettings(_Section):
     #: How often queued notifications are retried while Slack is unreachable.
     outbox_retry_s: float = Field(default=5.0, gt=0)
     #: An incident's first message waits until it has held this long (Alertmanager's
-    #: ``group_wait``, Prometheus' ``for``); default: one ``confirm_window``.
+    #: ``group_wait``, Prometheus' ``for``), from its onset; default: one ``confirm_window``.
     pending_for_s: float | None = Field(default=None, ge=0)
-    #: An incident is resolved once it has been clear this long (``keep_firing_for``); default:
-    #: two ``diagnose_interval_s`` plus one ``confirm_window``.
+    #: An incident is resolved once its cause has been clear this long (``keep_firing_for``);
+    #: default: two ``diagnose_interval_s`` or half a ``confirm_window``, the longer.
     resolve_after_s: float | None = Field(default=None, ge=0)
     #: An incident back within this of its resolution reopens its thread instead of a new post.
     reopen_within_s: float = Field(default=1800.0, ge=0)

@@ -38,6 +38,7 @@ from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis, Finding, Severity
 from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.outbox import OutboxEntry
+from diagnoser.ruleset import RuleSet
 
 if TYPE_CHECKING:
     from diagnoser.probe import ProbeResult
@@ -54,6 +55,7 @@ class JobHost(Protocol):
     settings: Settings
     metrics: DaemonMetrics
     state: StateStore | None
+    rules: RuleSet | None
 
     @property
     def notifies(self) -> bool: ...
@@ -83,6 +85,8 @@ class DiagnoseJob:
     async def __call__(self) -> Diagnosis:
         host = self.host
         assert host.state is not None, "the daemon is not started"
+        if not self.policy.confirming_rules and host.rules is not None:
+            self.policy = IncidentPolicy.from_settings(host.settings, host.rules)  # the loaded pack
         started = time.perf_counter()
         diagnosis = await host.diagnose("schedule")
         seconds = time.perf_counter() - started

@@ -11,9 +11,13 @@ matched to the incident that already holds one of its findings, or to one resolv
   number changes materially; a severity change or a new cause also gets a thread reply (a new
   cause at most once per ``reply_min_interval_s``); a reminder after the cooldown;
 - **clear**: gone from a diagnosis (and not because a silence keeps it quiet) it is resolved only
-  after ``resolve_after`` without it; back before that, nothing is said;
+  after ``resolve_after`` without it; back before that, nothing is said. An incident led by a cause
+  follows the cause: its symptoms lagging do not hold it open (the message says the cause is not
+  seen now, the resolution what still recovers, a reply when it has);
 - **held**: gone because its rule could not run (its source failed, it threw, the deadline cut it
   short): neither cleared nor resolved, and its thread is told once per outage;
+- **pending** counts from the onset (:meth:`IncidentBook._onset`), not the first evaluation;
+- a symptom back without its cause reopens the thread saying so, with its own current numbers;
 - an incident whose first message was dead-lettered is resolved silently.
 
 Two incidents that one cause now explains are merged into the older one; the other's message
@@ -30,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from sqlite3 import Connection
 
-from diagnoser.daemon.incidents import Group, IncidentPolicy, group_findings, same_scope, service_of
+from diagnoser.daemon.incidents import Group, IncidentPolicy, explains, group_findings, service_of
 from diagnoser.models import Finding
 from diagnoser.notify.incident_render import duration_text
 from diagnoser.notify.payloads import (
@@ -128,7 +132,12 @@ class IncidentBook:
             else []
         )
         seen = {f.identity: f for f in findings}
-        decisions = self._assign(findings, live, recent)
+        # Symptoms still there after their cause's incident resolved stay with it until they recover.
+        recovering = self._load("status='resolved' AND json_array_length(view, '$.lagging') > 0", ())
+        lagging = {m for row in recovering for m in row.view.lagging}
+        decisions = self._recovered(recovering, seen)
+        unowned = [f for f in findings if not (f.identity in lagging and not f.leads_as_cause)]
+        decisions += self._assign(unowned, live, recent)
         due: list[tuple[_Row, IncidentView]] = []
         gone: list[Decision] = []
         for row in [*live, *(r for r in recent if r.status == "reopening")]:
@@ -144,14 +153,24 @@ class IncidentBook:
                 continue  # a rule that could not run or a silence: still there, only unseen
             view = self._view(present, row, findings)
             if row.status == "pending":
-                if self.now - row.opened_at >= self.policy.pending_for_s:
+                if self.now - self._onset(row, present) >= self.policy.pending_for_s:
                     due.append((row, view))
                 else:
                     self._save(row, members=row.members, view=view)
+            elif row.status == "open" and view.earlier_cause is not None and _cause_went(row):
+                gone += self._cause_gone(row, view, present)
             else:
                 decisions += self._present(row, view)
         decisions += self._open(due) + gone
         return decisions if self.notify else []
+
+    def _onset(self, row: _Row, present: list[Finding]) -> float:
+        """When the incident began: the earliest onset its rules detected (``Finding.since``),
+        else the first evaluation that saw it."""
+        detected = [f.since.timestamp() for f in present if f.since is not None]
+        if any(f.since is None and f.rule_id in self.policy.confirming_rules for f in present):
+            detected.append(row.opened_at - self.policy.confirm_s)  # it held over the window to be found
+        return min([row.opened_at, *detected])
 
     def _load(self, where: str, args: tuple[object, ...]) -> list[_Row]:
         return [
@@ -171,7 +190,7 @@ class IncidentBook:
         fresh = [f for f in findings if f.identity not in owner]
         present = {f.identity: f for f in findings}
         decisions: list[Decision] = []
-        for finding in [f for f in fresh if f.kind == "cause"]:
+        for finding in [f for f in fresh if f.leads_as_cause]:
             lone = [r for r in _alive(live) if _lone(r, present)]
             taken = [r for r in lone if _explaining([finding], r, present)]
             if taken:
@@ -187,7 +206,7 @@ class IncidentBook:
                     break
         for finding in [f for f in fresh if f.identity not in owner]:
             for host in [r for r in _alive(live) if _causes(r, present)]:
-                if any(_explains(c, finding) for c in _causes(host, present)):
+                if any(explains(c, finding) for c in _causes(host, present)):
                     self._join(host, finding.identity, owner)
                     break
         self._place([f for f in fresh if f.identity not in owner], live, recent, owner)
@@ -241,23 +260,31 @@ class IncidentBook:
         """The incident as it stands: its most important cause that explains the rest leads."""
         order = {f.identity: i for i, f in enumerate(ranked)}
         members = sorted(present, key=lambda f: order.get(f.identity, 0))
-        causes = [f for f in members if f.kind == "cause"]
-        lead = next((c for c in causes if any(_explains(c, f) for f in members if f is not c)), None)
-        if lead is None and not causes and row.view.has_cause and row.status != "pending":
-            # Its cause is gone while its symptoms last: the thread is still about that cause.
-            lead = row.view.lead
-            members = [f for f in members if f.identity != lead.identity]
-            return self._shown(row, lead, members)
-        lead = lead or (causes[0] if causes else members[0])
+        causes = [f for f in members if f.leads_as_cause]
+        lead = next((c for c in causes if any(explains(c, f) for f in members if f is not c)), None)
+        earlier = row.view.earlier_cause or (row.view.lead if row.view.has_cause else None)
+        # Without a cause, the symptom that led it last keeps leading while it lasts: two symptoms
+        # ranked in turn from one run to the next must not rewrite the header every cycle.
+        kept = next((f for f in members if f.identity == row.view.lead.identity), members[0])
+        if lead is None and not causes and earlier is not None and row.status != "pending":
+            # Its cause is gone while symptoms last (or came back without it): the message says
+            # what is there now and names the cause only as not seen, until it is confirmed again.
+            return self._shown(row, kept, [f for f in members if f is not kept], earlier=earlier)
+        lead = lead or (causes[0] if causes else kept)
         return self._shown(row, lead, [f for f in members if f is not lead])
 
-    def _shown(self, row: _Row, lead: Finding, explained: list[Finding]) -> IncidentView:
+    def _shown(
+        self, row: _Row, lead: Finding, explained: list[Finding], *, earlier: Finding | None = None
+    ) -> IncidentView:
         return IncidentView(
             lead=lead,
             explained=explained,
             opened_at=row.opened_at,
             resolve_after_s=self.policy.resolve_after_s,
             reopened=row.view.reopened + (1 if row.status == "reopening" else 0),
+            earlier_cause=earlier,
+            # A reopening without its cause is about what came back: no clock of a cause runs.
+            cause_cleared_at=row.view.cause_cleared_at if earlier and row.status == "open" else None,
         )
 
     # --- transitions ---------------------------------------------------------------------
@@ -284,6 +311,8 @@ class IncidentBook:
                 row, status="open", members=members, view=view, notified=True, replied=True, clear=True
             )
             back = f"Back again within {duration_text(self.policy.reopen_within_s)} of its resolution"
+            if view.earlier_cause is not None:
+                back += f": {view.lead.cause} is back; {view.earlier_cause.cause} is not seen now"
             return [Decision(row.id, NotificationKind.reopened, IncidentPayload(view=view, note=back))]
         kind, note, previous = self._change(shown, view, row)
         if kind is None:
@@ -342,7 +371,9 @@ class IncidentBook:
         note = f"The evidence could not be read ({why}): held open, not resolved, until it can be"
         return [Decision(row.id, NotificationKind.repeat, IncidentPayload(view=row.view, note=note))]
 
-    def _absent(self, row: _Row) -> list[Decision]:
+    def _absent(self, row: _Row, lagging: Sequence[Finding] = ()) -> list[Decision]:
+        """Its findings gone (or, ``lagging``, only its cause's symptoms left): resolved once clear
+        for ``resolve_after``."""
         if row.status == "pending":  # never held long enough to be told: forgotten
             self.db.execute("DELETE FROM incidents WHERE id=?", (row.id,))
             return []
@@ -350,20 +381,62 @@ class IncidentBook:
         if self.now - cleared_at < self.policy.resolve_after_s:
             self.db.execute("UPDATE incidents SET cleared_at=? WHERE id=?", (cleared_at, row.id))
             return []
-        self.db.execute(
-            "UPDATE incidents SET status='resolved', resolved_at=?, cleared_at=?, last_notified=? WHERE id=?",
-            (self.now, cleared_at, self.now, row.id),
-        )
-        if row.landed < 0:  # its first message never reached the channel: no resolution either
-            return []
-        view = row.view.model_copy(
+        view = row.view
+        if view.earlier_cause is not None:  # told under its cause, with the symptoms left
+            view = view.model_copy(update={"lead": view.earlier_cause, "earlier_cause": None,
+                                           "explained": [view.lead, *view.explained]})  # fmt: skip
+        view = view.model_copy(
             update={
                 "state": "resolved",
                 "resolved_at": self.now,
                 "resolve_after_s": self.policy.resolve_after_s,
+                "lagging": [f.identity for f in lagging],
+                "cause_cleared_at": cleared_at if lagging else None,
+                "explained": [f for f in view.explained if f.identity in {g.identity for g in lagging}]
+                if lagging else view.explained,
             }
         )
-        return [Decision(row.id, NotificationKind.resolved, IncidentPayload(view=view, note="Resolved"))]
+        self.db.execute(
+            "UPDATE incidents SET status='resolved', resolved_at=?, cleared_at=?, last_notified=?, view=?"
+            " WHERE id=?",
+            (self.now, cleared_at, self.now, view.model_dump_json(), row.id),
+        )
+        if row.landed < 0:  # its first message never reached the channel: no resolution either
+            return []
+        note = "Resolved"
+        if lagging:
+            note += ": its cause cleared " + duration_text(self.now - cleared_at) + " ago; still recovering: "
+            note += ", ".join(dict.fromkeys(f.cause for f in lagging))
+        return [Decision(row.id, NotificationKind.resolved, IncidentPayload(view=view, note=note))]
+
+    def _cause_gone(self, row: _Row, view: IncidentView, present: list[Finding]) -> list[Decision]:
+        """Its cause no longer holds while symptoms last: the resolution follows the cause; the
+        message is edited once to say the cause is not seen now."""
+        decisions = self._absent(row, lagging=present)
+        if decisions or row.landed < 0:
+            return decisions
+        if row.view.earlier_cause is None:  # the first cycle without it: edit the message
+            cleared = view.model_copy(update={"cause_cleared_at": self.now})
+            self.db.execute("UPDATE incidents SET view=?, last_edit_at=? WHERE id=?",
+                            (cleared.model_dump_json(), self.now, row.id))  # fmt: skip
+            return [Decision(row.id, NotificationKind.update, IncidentPayload(view=cleared))]
+        return []
+
+    def _recovered(self, rows: list[_Row], seen: dict[str, Finding]) -> list[Decision]:
+        """Resolved incidents whose lagging symptoms have all cleared now: how long they took."""
+        decisions: list[Decision] = []
+        for row in rows:
+            still = [m for m in row.view.lagging if m in seen]
+            if still == row.view.lagging:
+                continue
+            view = row.view.model_copy(update={"lagging": still})
+            self.db.execute("UPDATE incidents SET view=? WHERE id=?", (view.model_dump_json(), row.id))
+            if still or row.landed < 0:
+                continue
+            took = self.now - (row.view.cause_cleared_at or row.resolved_at or self.now)
+            note = f"Symptoms recovered {duration_text(took)} after the cause cleared"
+            decisions.append(Decision(row.id, NotificationKind.repeat, IncidentPayload(view=view, note=note)))
+        return decisions
 
     def _save(
         self,
@@ -404,8 +477,10 @@ class IncidentBook:
         )
 
 
-def _explains(cause: Finding, other: Finding) -> bool:
-    return cause is not other and other.cause in cause.explains and same_scope(cause, other)
+def _cause_went(row: _Row) -> bool:
+    """The cause led the incident as last told and is gone now, or went earlier in this episode
+    (its symptoms lag): the resolution follows it."""
+    return row.view.has_cause or row.view.cause_cleared_at is not None
 
 
 def _alive(rows: list[_Row]) -> list[_Row]:
@@ -414,18 +489,18 @@ def _alive(rows: list[_Row]) -> list[_Row]:
 
 def _lone(row: _Row, present: dict[str, Finding]) -> bool:
     """A symptom's incident that no cause has explained yet (one whose cause is gone is not)."""
-    return not row.view.has_cause and not _causes(row, present)
+    return not row.view.has_cause and row.view.earlier_cause is None and not _causes(row, present)
 
 
 def _causes(row: _Row, present: dict[str, Finding]) -> list[Finding]:
     """The causes among ``row``'s findings present in this cycle."""
-    return [present[m] for m in row.members if m in present and present[m].kind == "cause"]
+    return [present[m] for m in row.members if m in present and present[m].leads_as_cause]
 
 
 def _explaining(causes: list[Finding], row: _Row, present: dict[str, Finding]) -> Finding | None:
     """The first of ``causes`` that explains a finding of ``row`` present in this cycle."""
     shown = [present[m] for m in row.members if m in present]
-    return next((c for c in causes if any(_explains(c, f) for f in shown)), None)
+    return next((c for c in causes if any(explains(c, f) for f in shown)), None)
 
 
 def _digest_row(view: IncidentView) -> DigestRow:

@@ -51,6 +51,7 @@ from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
 from diagnoser.daemon.state_upgrade import adopt_older_rows
+from diagnoser.daemon.volatile import LabelDrift
 from diagnoser.models import Diagnosis, Finding, Severity, service_of
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import (
@@ -161,10 +162,16 @@ class StateStore:
             if finding.severity.rank >= min_severity.rank:
                 seen.setdefault(finding.identity, finding)  # the first of duplicates counts
         with self._write("record the diagnosis"):
-            active = {
-                row[0]: row[1]
-                for row in self._db.execute("SELECT fingerprint, finding FROM findings WHERE status='active'")
-            }
+            active = self._active()
+            # A label seen changing between evaluations is no part of an identity (an error text).
+            drift = LabelDrift(self._db)
+            before = {fp: Finding.model_validate_json(stored) for fp, stored in active.items()}
+            stable = drift.apply(seen.values(), before)
+            if len(stable) != len(seen) or any(f.identity not in seen for f in stable):
+                seen = {}
+                for finding in stable:
+                    seen.setdefault(finding.identity, finding)
+                active = self._active()
             for fp, finding in seen.items():
                 self._record_present(fp, finding, fp in active, now=now)
             carried = set(silenced)
@@ -191,6 +198,13 @@ class StateStore:
                 (str(now),),
             )
         return entries
+
+    def _active(self) -> dict[str, str]:
+        """The active findings' stored JSON by fingerprint."""
+        return {
+            row[0]: row[1]
+            for row in self._db.execute("SELECT fingerprint, finding FROM findings WHERE status='active'")
+        }
 
     def _record_present(self, fp: str, finding: Finding, known: bool, *, now: float) -> None:
         """Insert or update a finding present in this run."""

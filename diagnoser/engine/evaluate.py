@@ -41,6 +41,7 @@ from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables, format_text
 from diagnoser.signals import Catalogue
 from diagnoser.sources import Sources
+from diagnoser.stable_labels import stable_labels
 
 __all__ = [
     "MAX_FINDINGS_PER_RULE",
@@ -309,7 +310,8 @@ def _finding(
         recommendation = (recommendation + " " if recommendation else "") + "(" + "; ".join(problems) + ")"
     return inputs.style.finding(
         rule_id=rule.id,
-        labels={**rule.labels, **labels},
+        # What the finding is about, never what changes every scrape (an error text, a port).
+        labels=stable_labels({**rule.labels, **labels}),
         cause=rule.cause,
         kind=rule.kind,
         severity=rule.severity,

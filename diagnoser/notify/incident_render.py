@@ -64,7 +64,20 @@ def incident_header(view: IncidentView) -> str:
         return f"{prefix}: {lead.cause}: {lead.title}"
     where = _where(lead)
     on = f" on {where}" if where and where not in lead.title else ""
+    if view.earlier_cause is not None:  # the cause's rule no longer holds: never named as current
+        return f"{prefix}: {lead.title}{on}: {view.earlier_cause.cause} not seen now"
     return f"{prefix}: {lead.title}{on}: no cause found yet"
+
+
+def _earlier_cause_line(view: IncidentView) -> list[str]:
+    """What the message says of a cause whose rule no longer holds while symptoms last."""
+    earlier = view.earlier_cause
+    if earlier is None:
+        return []
+    line = f"_{escape(earlier.cause)} ({escape(earlier.title)}) is not seen now: its rule no longer holds"
+    if view.state == "open" and view.cause_cleared_at is not None:
+        line += f"; this incident resolves once it stays clear for {duration_text(view.resolve_after_s)}"
+    return [line + "._"]
 
 
 def _explained(view: IncidentView) -> list[dict[str, Any]]:
@@ -108,8 +121,8 @@ def render_incident(view: IncidentView, *, at: datetime) -> SlackMessage:
     lead = view.lead
     mark = ":white_check_mark:" if view.state == "resolved" else severity_mark(view.severity.value)
     header = incident_header(view)
-    summary = [f"{mark} {escape(lead.summary)}", *evidence_lines(lead)]
-    if not view.has_cause and view.state == "open":
+    summary = [f"{mark} {escape(lead.summary)}", *evidence_lines(lead), *_earlier_cause_line(view)]
+    if not view.has_cause and view.earlier_cause is None and view.state == "open":
         summary.append("_No cause found yet: this message is edited when a rule names one._")
     blocks: list[dict[str, Any]] = [
         header_block(header),
@@ -131,6 +144,8 @@ def render_incident_reply(kind: str, payload: IncidentPayload, *, at: datetime) 
     if kind == "resolved":
         line = f":white_check_mark: *Resolved*: {escape(lead.cause)}: {escape(lead.title)}"
         body = f"{line}\n_was:_ {escape(lead.summary)}\n_clear for {duration_text(view.resolve_after_s)}_"
+        if payload.note and payload.note != "Resolved":
+            body += f"\n{escape(payload.note.removeprefix('Resolved: '))}"
         text = f"Resolved: {lead.cause}: {lead.title}"
     else:
         body = f"{severity_mark(view.severity.value)} *{escape(note)}*\n{escape(lead.summary)}"

@@ -73,6 +73,13 @@ class IncidentView(_Payload):
     resolve_after_s: float = 0.0
     #: How many times it came back within ``reopen_within_s``.
     reopened: int = 0
+    #: The cause this incident was about while its rule no longer holds (its symptoms lag, or
+    #: came back without it): named as not seen now, never as the current cause.
+    earlier_cause: Finding | None = None
+    #: When the lead cause was last seen clearing (resolution follows the cause, not its symptoms).
+    cause_cleared_at: float | None = None
+    #: Resolved while these symptoms (identities) were still there: their recovery is told after.
+    lagging: list[str] = Field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
@@ -84,7 +91,8 @@ class IncidentView(_Payload):
 
     @property
     def has_cause(self) -> bool:
-        return self.lead.kind == "cause"
+        """A cause leads it (or a symptom that is its own cause: a target down)."""
+        return self.lead.leads_as_cause
 
     @property
     def headline(self) -> float | None:

@@ -89,6 +89,8 @@ class PoolApp:
     port: int
     gauge: Gauge
     latency: Gauge | None = None
+    #: ``shop_backend_refusing{namespace, service, err, conn}``: a label set that may change every scrape.
+    backend: Gauge | None = None
 
     @property
     def target(self) -> str:
@@ -101,6 +103,16 @@ class PoolApp:
         """The service's p99 (the symptom rule of :func:`write_rule` with ``symptom=True``)."""
         assert self.latency is not None
         self.latency.labels(namespace="shop", service=job).set(seconds)
+
+    def set_refusing(self, job: str, *, err: str = "", conn: str = "") -> None:
+        """The service's backend refuses it, told with these labels (the previous ones gone, as an
+        exporter's last-error gauge replaces its error text); ``err`` and ``conn`` empty: healthy."""
+        assert self.backend is not None
+        for labels in [s.labels for m in self.backend.collect() for s in m.samples]:
+            if labels["service"] == job:
+                self.backend.remove(labels["namespace"], job, labels["err"], labels["conn"])
+        if err or conn:
+            self.backend.labels(namespace="shop", service=job, err=err, conn=conn).set(1)
 
 
 @dataclass
@@ -128,10 +140,14 @@ def pool_app() -> Iterator[PoolApp]:
     latency = Gauge(
         "shop_request_p99_seconds", "The service's p99 latency.", ["namespace", "service"], registry=registry
     )
+    backend = Gauge(
+        "shop_backend_refusing", "1 while the backend refuses the service.", ["namespace", "service", "err", "conn"],
+        registry=registry,
+    )
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     gauge.labels(namespace="shop", service="warmup", pool="none").set(0.0)
-    yield PoolApp(port, gauge, latency)
+    yield PoolApp(port, gauge, latency, backend)
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)

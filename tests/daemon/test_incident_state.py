@@ -225,13 +225,28 @@ def test_an_incident_whose_cause_is_gone_keeps_it_and_is_not_taken_over(store: S
     (first,) = run(store, pool, errors, now=0, policy=policy)
     # The pool is fixed; the errors last a little longer and another cause that explains them appears.
     entries = run(store, errors, empty, now=10, policy=policy)
-    assert [(e.kind.value, e.incident_id == first.incident_id) for e in entries] == [("new", False)]
+    # The pool's message is edited to say its cause is not seen now; the errors stay in it.
+    assert [(e.kind.value, e.incident_id == first.incident_id) for e in entries] == [
+        ("new", False), ("update", True)]  # fmt: skip
+    edited = entries[1].payload
+    assert isinstance(edited, IncidentPayload) and edited.view.earlier_cause is not None
+    assert edited.view.lead.cause == "error_rate_breach"
     shown = store.incident_thread(first.incident_id or 0)
     assert shown is not None
-    assert run(store, empty, now=200, policy=policy) == []
-    (resolved,) = run(store, empty, now=301, policy=policy)
+    assert run(store, errors, empty, now=100, policy=policy) == []
+    # Resolution follows the cause: clear for resolve_after since it cleared at 10, whatever the errors do.
+    (resolved,) = run(store, errors, empty, now=111, policy=policy)
     assert resolved.kind.value == "resolved" and resolved.incident_id == first.incident_id
     assert resolved.finding is not None and resolved.finding.cause == "connection_pool_exhaustion"
+    assert isinstance(resolved.payload, IncidentPayload) and "still recovering: error_rate_breach" in (
+        resolved.payload.note or "")
+    # The errors recover later: said in the thread, once; no new incident for them meanwhile.
+    assert run(store, errors, empty, now=150, policy=policy) == []
+    (recovered,) = run(store, empty, now=160, policy=policy)
+    assert recovered.incident_id == first.incident_id
+    assert isinstance(recovered.payload, IncidentPayload)
+    assert recovered.payload.note == "Symptoms recovered 2.5 min after the cause cleared"
+    assert run(store, empty, now=170, policy=policy) == []
 
 
 def test_serve_replay_dead_letters_puts_them_back_in_their_place(tmp_path: Path) -> None:
@@ -250,3 +265,48 @@ def test_serve_replay_dead_letters_puts_them_back_in_their_place(tmp_path: Path)
         assert [e.id for e in reopened.pending()] == [new.id] and reopened.dead_letters() == []
     finally:
         reopened.close()
+
+
+def test_pending_for_counts_from_the_onset_the_rule_detected(store: StateStore) -> None:
+    policy = IncidentPolicy(pending_for_s=120)
+    began = cause().model_copy(update={"since": datetime.fromtimestamp(1000 - 100, UTC)})
+    assert run(store, began, now=1000, policy=policy) == []  # held 100 s of 120
+    assert kinds(run(store, began, now=1020, policy=policy)) == ["new"]
+
+
+def test_a_rule_that_confirms_over_the_window_has_held_it_when_found(store: StateStore) -> None:
+    policy = IncidentPolicy(pending_for_s=120, confirm_s=120, confirming_rules=frozenset({"pools/pool-exhaustion"}))
+    assert kinds(run(store, cause(), now=1000, policy=policy)) == ["new"]
+    other = symptom("billing")  # its rule does not confirm: pending_for from its first evaluation
+    assert run(store, cause(), other, now=1001, policy=policy) == []
+    assert kinds(run(store, cause(), other, now=1121, policy=policy)) == ["new"]
+
+
+def test_resolution_follows_the_lead_cause_and_says_what_still_recovers(store: StateStore) -> None:
+    policy = IncidentPolicy(resolve_after_s=60)
+    assert kinds(run(store, cause(), symptom(), now=0, policy=policy)) == ["new"]
+    (edit,) = run(store, symptom(), now=10, policy=policy)  # fixed; the p99 window still decays
+    assert isinstance(edit.payload, IncidentPayload) and edit.kind.value == "update"
+    assert edit.payload.view.earlier_cause is not None and edit.payload.view.lead.cause == "latency_slo_breach"
+    assert run(store, symptom(), now=60, policy=policy) == []
+    (resolved,) = run(store, symptom(), now=70, policy=policy)
+    assert resolved.kind.value == "resolved" and isinstance(resolved.payload, IncidentPayload)
+    assert resolved.payload.view.lead.cause == "connection_pool_exhaustion"
+    assert resolved.payload.note == "Resolved: its cause cleared 1 min ago; still recovering: latency_slo_breach"
+    (recovered,) = run(store, now=100, policy=policy)
+    assert isinstance(recovered.payload, IncidentPayload)
+    assert recovered.payload.note == "Symptoms recovered 1.5 min after the cause cleared"
+
+
+def test_a_symptom_back_without_its_cause_is_told_so_and_stays_open_while_it_lasts(store: StateStore) -> None:
+    policy = IncidentPolicy(resolve_after_s=30, reopen_within_s=1800)
+    (first,) = run(store, cause(), symptom(), now=0, policy=policy)
+    assert run(store, now=10, policy=policy) == []
+    assert kinds(run(store, now=40, policy=policy)) == ["resolved"]
+    (back,) = run(store, symptom(), now=100, policy=policy)
+    assert back.kind.value == "reopened" and back.incident_id == first.incident_id
+    assert isinstance(back.payload, IncidentPayload) and back.payload.view.lead.cause == "latency_slo_breach"
+    assert "latency_slo_breach is back; connection_pool_exhaustion is not seen now" in (back.payload.note or "")
+    assert run(store, symptom(), now=200, policy=policy) == []  # what came back is still there
+    assert run(store, now=210, policy=policy) == []
+    assert kinds(run(store, now=241, policy=policy)) == ["resolved"]

@@ -156,7 +156,7 @@ async def test_a_finding_flapping_every_few_seconds_is_one_post_and_one_resoluti
     tmp_path: Path, live_prometheus: LivePrometheus, pool_app: PoolApp, slack: SlackFixtureServer
 ) -> None:
     # Scaled down ten times: flapping every 20 s for 5 minutes is 2 s up, 2 s down, for 30 s; the
-    # default resolve_after (two intervals plus the confirmation window, 4 minutes) is 6 s.
+    # default resolve_after (two 60 s intervals, 2 minutes) is 6 s.
     job = "inc-flap"
     settings = daemon_settings(
         tmp_path, live_prometheus.url, job, slack=slack, **timing(pending_for_s=0.8, resolve_after_s=6)

@@ -105,7 +105,7 @@ def test_every_exception_diagnoser_defines_is_in_the_one_tree() -> None:
 
 #: diagnoser's packages, lowest first: each may import only those before it (ARCHITECTURE.md).
 LAYERS = [
-    "redact", "errors", "yamlfile", "numbers", "promql", "models", "config", "probe", "sources", "signals", "checks", "ruleset",
+    "redact", "errors", "yamlfile", "numbers", "stable_labels", "promql", "models", "config", "probe", "sources", "signals", "checks", "ruleset",
     "engine", "notify", "capacity", "daemon", "testing", "cli",
 ]  # fmt: skip
 
