@@ -158,7 +158,9 @@ def expansions(
         if reads in seen or (convention is not catalogued and metrics in exact):
             continue
         seen.add(reads)
-        key = (template, convention.name, *([] if convention is catalogued else [reads]))
+        # What the convention reads is part of the key: claims (signals.claims) and OTLP spellings
+        # give conventions of one name different forms at different instants.
+        key = (template, convention.name, reads)
         expansion = catalogue.expanded.get(key)
         if expansion is None:
             expansion = catalogue.expanded[key] = _expand(template, convention)

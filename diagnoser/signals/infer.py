@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
 from diagnoser.signals.otlp import escape_metric
@@ -42,6 +43,9 @@ from diagnoser.signals.shapes import (
     time_unit,
     tokens,
 )
+
+if TYPE_CHECKING:
+    from diagnoser.signals.claims import Claims
 
 __all__ = [
     "Lookalike",
@@ -200,15 +204,41 @@ def _unclaimed(
     catalogue: Catalogue,
     metadata: Mapping[str, Mapping[str, str]],
     native: Iterable[str] = (),
+    claims: Claims | None = None,
 ) -> dict[str, Family]:
-    """The families of ``names`` none of whose series a convention or catalogued resource reads."""
-    claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))
+    """The families of ``names`` none of whose series a convention or catalogued resource reads.
+
+    With ``claims``, a convention reads only the families whose labels fit it
+    (:mod:`diagnoser.signals.claims`); a duration family its claimants supply only some signals of
+    (a duration whose status no claimant reads) is left to recognition as well."""
+    resources: set[str] = set().union(*(resource.required for resource in catalogue.resources))
+    claimed: set[str] | frozenset[str]
+    if claims is not None:
+        claimed = claims.claimed | resources
+        return {
+            name: family
+            for name, family in families_of(names, metadata, native).items()
+            if not set(family.series) & claimed
+            or (is_duration(family) and _partly_supplied(claims.supplied.get(family.name, frozenset())))
+        }
+    claimed = catalogue.metric_names() | resources
     spelt = catalogue.otel_spellings()  # an OpenTelemetry convention's other OTLP spellings
     return {
         name: family
         for name, family in families_of(names, metadata, native).items()
         if not set(family.series) & claimed and not {escape_metric(s) for s in family.series} & spelt
     }
+
+
+#: What a server's duration family gives by shape: its duration, errors and shed requests.
+_SERVER_SIGNALS = frozenset({"http.server.duration", "http.server.errors", "http.server.shed"})
+
+
+def _partly_supplied(supplied: frozenset[str]) -> bool:
+    """Claimants give some of a server family's HTTP signals and not the rest: a
+    prometheus-fastapi-instrumentator entry reads the duration of a family whose errors it reads
+    elsewhere, from a family that is absent, while this family's own status label has them."""
+    return bool(supplied) and supplied <= _SERVER_SIGNALS and supplied != _SERVER_SIGNALS
 
 
 def labels_key(family: Family) -> str:
@@ -224,7 +254,8 @@ def candidate_series(
     duration family, each limit of a count, and the gauges of the same exporter that could be
     what it limits or its queue. On a Prometheus without such families, none (and no query)."""
     families = _unclaimed(names, catalogue, metadata)
-    wanted = [labels_key(f) for f in families.values() if is_duration(f)]
+    # Every duration family, claimed by name or not: a claim whose labels do not fit falls through.
+    wanted = [labels_key(f) for f in families_of(names, metadata).values() if is_duration(f)]
     limits = {f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None}
     exporters = {tokens(name)[0] for name in limits}
     wanted += limits
@@ -263,6 +294,7 @@ def recognise(
     bucket_bounds: Mapping[str, float] | None = None,
     native: Iterable[str] = (),
     overshoots: Mapping[tuple[str, str], float] | None = None,
+    claims: Claims | None = None,
 ) -> Recognition:
     """Recognise the unclaimed families of ``names``.
 
@@ -270,12 +302,14 @@ def recognise(
     ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``;
     ``native`` the names whose samples are native histograms;
     ``overshoots`` the answer of :func:`overshoot_query` per pair (used, limit) of
-    :func:`candidate_pairs` (a pair without one is kept, and says its peak was not checked).
+    :func:`candidate_pairs` (a pair without one is kept, and says its peak was not checked);
+    ``claims`` which catalogued forms fit their families' labels (without it, names decide).
     """
     families = _unclaimed(names, catalogue, metadata, native)
+    durations = families if claims is None else _unclaimed(names, catalogue, metadata, native, claims)
     conventions: list[Convention] = []
     lookalikes: list[Lookalike] = []
-    for family in families.values():
+    for family in durations.values():
         if not is_duration(family):
             continue
         found = _duration_convention(family, labels.get(labels_key(family)), catalogue, bucket_bounds or {})
@@ -295,11 +329,13 @@ def recognise(
         resources.append(_resource(families, labels, pairing, checked=over is not None))
     present_resources = [r for r in catalogue.resources if r.required <= names]
     refused += _partial_entries(catalogue, names)
+    if claims is not None:
+        refused += claims.rejected
     return Recognition(
         conventions=tuple(conventions),
         resources=(*present_resources, *resources),
         lookalikes=(*lookalikes, *missed),
-        families=families,
+        families={**families, **durations},
         rejected=tuple(refused),
     )
 

@@ -9,7 +9,9 @@ gauge that pairs with a limit by name and labels, one query for whether it went 
 over the day (a limit it exceeds is not its limit). The result is kept by the source for the
 instant, so rules never pay a round trip of their own. A metadata endpoint that fails or answers
 nothing (VictoriaMetrics, backfilled data) leaves recognition to the names; a failing query leaves
-the families it was about unrecognised (listed as look-alikes), never the rule failed.
+the families it was about unrecognised (listed as look-alikes), never the rule failed. Which
+catalogued conventions claim which families is decided by their labels (:mod:`diagnoser.signals.claims`,
+one query, shared): a family that fits a convention's name and not its labels is recognised here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datetime import datetime
 from diagnoser.models import SourceError
 from diagnoser.promql import quote
 from diagnoser.signals.catalogue import Catalogue
+from diagnoser.signals.claims import claims
 from diagnoser.signals.infer import (
     Pairing,
     Recognition,
@@ -117,16 +120,18 @@ async def recognition(
         families = families_of(names, described)
         asked = set(wanted)
         durations = {n: f for n, f in families.items() if f"{n}_count" in asked}
-        labels, native, bounds = await asyncio.gather(
+        labels, native, bounds, claimed = await asyncio.gather(
             _label_sets(source, wanted, at),
             _native_label_sets(source, native_candidates(names, described), at),
             _bucket_bounds(source, unitless_histograms(durations), at),
+            claims(source, catalogue, at, lookback_s),
         )
         # A third round trip only where gauges pair with limits: is each limit above its gauge's day?
         overshoots = await _overshoots(source, candidate_pairs(names, described, labels, catalogue), at)
         return recognise(
             names, described, {**labels, **native}, catalogue, bounds,
             native=set(native), overshoots=overshoots,
+            claims=None if isinstance(claimed, SourceError) else claimed,
         )
 
     return await source.shared(("recognition", at.timestamp(), lookback_s, id(catalogue)), ask)
