@@ -223,25 +223,31 @@ def fit_conventions(catalogue: Catalogue, held_now: Holdings, values: Values) ->
     claimed: set[str] = set()
     supplied: dict[str, set[str]] = {}
     for catalogued in catalogue.conventions:
+        # Judged as the server holds it (its OTLP spelling), kept as catalogued: expansion resolves
+        # it again, and tells a convention that names the series as they are from one that
+        # reaches them by another spelling.
         convention = resolve(catalogued, held_now)
-        forms = dict(convention.forms)
+        unfit: set[str] = set()
         loosen = False
         for signal, form in _present_forms(convention, catalogue, names):
             series = _probed_series(form, names)
             fits, loose, why = _verdict(form, _required(convention, form), series, values)
             if not fits:
-                del forms[signal]
+                unfit.add(signal)
                 rejected.append(
                     Rejection(convention.name, form.metric, f"fits the name, not the labels: {why}")
                 )
             loosen = loosen or loose
-        if loosen:
-            forms = {s: replace(f, matchers=_loosened(f.matchers)) for s, f in forms.items()}
-        if not forms:
-            continue
-        kept = convention if forms == convention.forms else replace(convention, forms=forms)
-        fitted.append(kept)
-        present = _present_forms(kept, catalogue, names)
+        if not unfit and not loosen:
+            fitted.append(catalogued)
+        else:
+            forms = {s: f for s, f in catalogued.forms.items() if s not in unfit}
+            if not forms:
+                continue
+            if loosen:
+                forms = {s: replace(f, matchers=_loosened(f.matchers)) for s, f in forms.items()}
+            fitted.append(replace(catalogued, forms=forms))
+        present = [(s, f) for s, f in _present_forms(convention, catalogue, names) if s not in unfit]
         for _, form in present:
             series = _probed_series(form, names)
             claimed.update(

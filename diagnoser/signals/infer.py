@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
 from diagnoser.signals.otlp import escape_metric
+from diagnoser.signals.peers import peer_candidates, pick_peer
 from diagnoser.signals.resources import TARGET_LABELS, Resource
 from diagnoser.signals.shapes import (
     LIMIT_WORDS,
-    PEER_LABELS,
     PEER_PORT_LABELS,
     STATUS_LABELS,
     Family,
@@ -57,6 +57,7 @@ __all__ = [
     "labels_key",
     "overshoot_query",
     "recognise",
+    "split_candidates",
     "unitless_histograms",
 ]
 
@@ -277,6 +278,26 @@ def _count_limit(name: str) -> tuple[tuple[str, ...], str, tuple[str, ...]] | No
     return parts
 
 
+def split_candidates(
+    names: set[str],
+    metadata: Mapping[str, Mapping[str, str]],
+    labels: Mapping[str, frozenset[str]],
+    catalogue: Catalogue,
+    claims: Claims | None = None,
+) -> dict[str, tuple[Family, tuple[str, ...]]]:
+    """Client duration families no claim takes whose peer label is none of the known names and
+    could be any of several labels: each with its candidates, for the split query."""
+    found = {}
+    for family in _unclaimed(names, catalogue, metadata, (), claims).values():
+        own = labels.get(labels_key(family))
+        if not is_duration(family) or own is None or side(family, own) != "client":
+            continue
+        candidates, how = peer_candidates(own)
+        if how == "left" and len(candidates) > 1:
+            found[family.name] = (family, candidates)
+    return found
+
+
 def unitless_histograms(families: Mapping[str, Family]) -> list[str]:
     """Histograms timed in a unit neither the metadata nor the name gives: read from their buckets."""
     return sorted(
@@ -295,6 +316,7 @@ def recognise(
     native: Iterable[str] = (),
     overshoots: Mapping[tuple[str, str], float] | None = None,
     claims: Claims | None = None,
+    splits: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Recognition:
     """Recognise the unclaimed families of ``names``.
 
@@ -303,7 +325,9 @@ def recognise(
     ``native`` the names whose samples are native histograms;
     ``overshoots`` the answer of :func:`overshoot_query` per pair (used, limit) of
     :func:`candidate_pairs` (a pair without one is kept, and says its peak was not checked);
-    ``claims`` which catalogued forms fit their families' labels (without it, names decide).
+    ``claims`` which catalogued forms fit their families' labels (without it, names decide);
+    ``splits`` per client family with several possible peer labels, how much each splits the
+    slowdown (:func:`diagnoser.signals.peers.split_query`).
     """
     families = _unclaimed(names, catalogue, metadata, native)
     durations = families if claims is None else _unclaimed(names, catalogue, metadata, native, claims)
@@ -312,7 +336,13 @@ def recognise(
     for family in durations.values():
         if not is_duration(family):
             continue
-        found = _duration_convention(family, labels.get(labels_key(family)), catalogue, bucket_bounds or {})
+        found = _duration_convention(
+            family,
+            labels.get(labels_key(family)),
+            catalogue,
+            bucket_bounds or {},
+            (splits or {}).get(family.name),
+        )
         if isinstance(found, Lookalike):
             if found.looks_like != "duration":  # a duration of no request at all (GC, scrapes) is no miss
                 lookalikes.append(found)
@@ -377,7 +407,11 @@ def _unit(family: Family, bounds: Mapping[str, float]) -> tuple[str, str]:
 
 
 def _duration_convention(
-    family: Family, labels: frozenset[str] | None, catalogue: Catalogue, bounds: Mapping[str, float]
+    family: Family,
+    labels: frozenset[str] | None,
+    catalogue: Catalogue,
+    bounds: Mapping[str, float],
+    splits: Mapping[str, float] | None = None,
 ) -> Convention | Lookalike:
     if labels is None:
         return Lookalike(family.name, "duration", "no series to read its labels from at this instant")
@@ -388,8 +422,7 @@ def _duration_convention(
     if where == "client":
         if "dependency.duration" not in catalogue.signals:
             return Lookalike(family.name, "client duration", "no dependency.duration signal in the catalogue")
-        peer = next((label for label in PEER_LABELS if label in labels), None)
-        peer_how = f"peer label {peer}" if peer else "no peer label"
+        peer, peer_how = pick_peer(labels, splits)
         name = f"inferred ({shape}, client side, {peer_how}, {unit_how})"
         note = f"{CAVEAT}; {unit_how}"
         form = Form(metric=family.name, scale=scale, note=note)

@@ -149,3 +149,37 @@ def test_two_conventions_for_one_family_the_labels_decide(
         if any(f.metric.startswith("http_request_duration") for f in c.forms.values())
     }
     assert claimants == ({claimant} if claimant else set())
+
+
+def test_a_peer_label_nobody_anticipated_is_the_one_left_beside_known_dimensions() -> None:
+    # prometheus_client by hand: outbound_request_duration_seconds{dest_service, method, status_code}.
+    inferred = _recognised(_bed("py-hand-dest-slow"))
+    assert "peer label dest_service" in inferred["outbound_request_duration_seconds"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "splits", "peer"),
+    [
+        # A name of nobody's list, beside the request's own dimensions and the target's.
+        (("callee", "http_request_method", "status_code", "otel_scope_name", "pod"), None, "callee"),
+        # Two candidates: the one whose values split the slowdown (one callee rose 40x, its zone 3x).
+        (("callee", "callee_zone", "method"), {"callee": 40.0, "callee_zone": 3.0}, "callee"),
+        (("callee", "callee_zone", "method"), {"callee": 1.1, "callee_zone": 6.0}, "callee_zone"),
+        # Two candidates not compared (the query failed): no peer rather than a guess.
+        (("callee", "callee_zone"), None, None),
+    ],
+)
+def test_the_peer_of_a_client_duration_comes_from_its_labels(
+    labels: tuple[str, ...], splits: dict[str, float] | None, peer: str | None
+) -> None:
+    family = "shop_outbound_call_seconds"
+    label_sets = {
+        f"{family}_count": frozenset({"job", "instance", *labels}),
+        f"{family}_sum": frozenset({"job", "instance"}),
+        f"{family}_bucket": frozenset({"job", "instance", "le"}),
+    }
+    found = recognise(
+        set(label_sets), {}, label_sets, load_catalogue(), None, splits={family: splits} if splits else None
+    )
+    [convention] = found.conventions
+    assert convention.labels.get("peer") == peer
