@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.signals import expansions, load_catalogue
+from diagnoser.signals import Catalogue, expansions, load_catalogue, normalise_labels
 from diagnoser.signals.claims import Claims, fit_conventions, probes, read_values, values_query
 from diagnoser.signals.holdings import Holdings
 from diagnoser.signals.infer import recognise
@@ -183,3 +183,41 @@ def test_the_peer_of_a_client_duration_comes_from_its_labels(
     )
     [convention] = found.conventions
     assert convention.labels.get("peer") == peer
+
+
+@pytest.mark.parametrize(
+    ("convention", "labels", "peer", "address"),
+    [
+        # OpenTelemetry JS instrumentation-pg 0.76: semantic conventions 1.30+ (db.system.name).
+        (
+            "otel-db-client-js",
+            {"db_namespace": "inventory", "db_system_name": "postgresql", "server_address": "127.0.0.1",
+             "server_port": "45881", "db_operation_name": "SELECT"},
+            "postgresql database inventory",
+            "127.0.0.1:45881",
+        ),
+        # redis-py 8's own metrics: db.system and db.namespace (the generation before 1.30).
+        (
+            "otel-db-client",
+            {"db_namespace": "0", "db_system": "redis", "server_address": "127.0.0.1", "server_port": "48207"},
+            "redis database 0",
+            "127.0.0.1:48207",
+        ),
+        # No server address: the system names the peer, with the database where there is one.
+        ("otel-db-client-system", {"db_system": "postgresql", "db_name": "orders"}, "postgresql database orders", None),
+        # An HTTP peer keeps its address.
+        ("otel-http-client", {"server_address": "pricing", "server_port": "8080"}, "pricing", None),
+    ],
+)  # fmt: skip
+def test_a_database_is_named_by_its_system_and_name(
+    convention: str, labels: dict[str, str], peer: str, address: str | None
+) -> None:
+    catalogue = load_catalogue()
+    found = catalogue.convention(convention)
+    assert found is not None
+    template = "sum by (service, peer, peer_port, db_system, db_name) (rate({{dependency.duration:count}}[5m]))"
+    [query] = [e.query for e in expansions(template, Catalogue(catalogue.signals, [found]))]
+    assert "db_system_name, db_system" in query or found.labels["peer"] == "db_system"
+    normalised = normalise_labels({"job": "shop-api", **labels}, found)
+    assert normalised["peer"] == peer
+    assert normalised.get("peer_address") == address
