@@ -15,8 +15,8 @@ So a convention's form claims its family only when the family's labels fit it:
   empty value, ``code=""``, is met by series without the label); values that are words, such as
   ``grpc_type`` and gRPC codes, are compared ignoring case and underscores, and where only that
   comparison matches, the convention's word matchers are rewritten to match either spelling;
-* the labels the convention maps its identifying labels to (``peer``, ``route``, ``pool``...)
-  exist on the family, unless the form selects their absence (``net_peer_name=""``).
+* the label a client convention names its peer by exists on the family, unless the form selects
+  its absence (``net_peer_name=""``).
 
 Outcome labels (HTTP status, gRPC codes) are not required to match: a healthy service has no 5xx,
 and its errors signal is there all the same. :func:`claims` reads the values with one query per
@@ -43,10 +43,12 @@ from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["Claims", "claims", "fit_conventions", "probes", "values_query"]
 
-#: Normalised labels a convention's series may lack: the target's, and a route or port (client_golang's
-#: promhttp labels a handler only where the service curries one: go-http-peer-slow has code and
-#: method only). What a convention is about (a peer, a pool, a queue) must be there.
-_OPTIONAL_MAPPED = frozenset({"service", "namespace", "instance", "peer_port", "route"})
+#: Normalised labels a family must carry for a convention mapping them to claim it: the peer, which
+#: a client convention is about (OpenTelemetry's server_address on client_golang's curried {peer}
+#: histogram names nobody: go-http-peer-slow). Others may be missing on a convention's own series
+#: (promhttp labels a handler only where the service curries one; RabbitMQ's /metrics aggregates
+#: queues per node, without a queue label).
+_REQUIRED_MAPPED = frozenset({"peer"})
 #: A matcher value that is a word or an alternation of words: an enum (``unary``, ``DeadlineExceeded``).
 _WORDS = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\|[A-Za-z][A-Za-z0-9_]*)*$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -131,7 +133,7 @@ def _required(convention: Convention, form: Form) -> list[tuple[str, str, str]]:
     checks = list(form.matchers)
     allowed_empty = {label for label, op, value in form.matchers if _matches_empty(op, value)}
     for normalised, own in convention.labels.items():
-        if normalised in _OPTIONAL_MAPPED or own in allowed_empty:
+        if normalised not in _REQUIRED_MAPPED or own in allowed_empty:
             continue
         if not any(label == own for label, _, _ in form.matchers):
             checks.append((own, "!=", ""))
