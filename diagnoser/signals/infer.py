@@ -206,19 +206,23 @@ def _unclaimed(
     metadata: Mapping[str, Mapping[str, str]],
     native: Iterable[str] = (),
     claims: Claims | None = None,
+    families: Mapping[str, Family] | None = None,
 ) -> dict[str, Family]:
-    """The families of ``names`` none of whose series a convention or catalogued resource reads.
+    """The families of ``names`` none of whose series a convention or catalogued resource reads
+    (``families``: those of ``names``, where the caller has them already: an estate's thousands of
+    names are grouped once, not once per question).
 
     With ``claims``, a convention reads only the families whose labels fit it
     (:mod:`diagnoser.signals.claims`); a duration family its claimants supply only some signals of
     (a duration whose status no claimant reads) is left to recognition as well."""
+    every = families if families is not None else families_of(names, metadata, native)
     resources: set[str] = set().union(*(resource.required for resource in catalogue.resources))
     claimed: set[str] | frozenset[str]
     if claims is not None:
         claimed = claims.claimed | resources
         return {
             name: family
-            for name, family in families_of(names, metadata, native).items()
+            for name, family in every.items()
             if not set(family.series) & claimed
             or (is_duration(family) and _partly_supplied(claims.supplied.get(family.name, frozenset())))
         }
@@ -226,7 +230,7 @@ def _unclaimed(
     spelt = catalogue.otel_spellings()  # an OpenTelemetry convention's other OTLP spellings
     return {
         name: family
-        for name, family in families_of(names, metadata, native).items()
+        for name, family in every.items()
         if not set(family.series) & claimed and not {escape_metric(s) for s in family.series} & spelt
     }
 
@@ -254,9 +258,10 @@ def candidate_series(
     """The series whose labels recognition needs, read from names alone: one per unclaimed
     duration family, each limit of a count, and the gauges of the same exporter that could be
     what it limits or its queue. On a Prometheus without such families, none (and no query)."""
-    families = _unclaimed(names, catalogue, metadata)
+    every = families_of(names, metadata)
+    families = _unclaimed(names, catalogue, metadata, families=every)
     # Every duration family, claimed by name or not: a claim whose labels do not fit falls through.
-    wanted = [labels_key(f) for f in families_of(names, metadata).values() if is_duration(f)]
+    wanted = [labels_key(f) for f in every.values() if is_duration(f)]
     limits = {f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None}
     exporters = {tokens(name)[0] for name in limits}
     wanted += limits
@@ -284,11 +289,12 @@ def split_candidates(
     labels: Mapping[str, frozenset[str]],
     catalogue: Catalogue,
     claims: Claims | None = None,
+    families: Mapping[str, Family] | None = None,
 ) -> dict[str, tuple[Family, tuple[str, ...]]]:
     """Client duration families no claim takes whose peer label is none of the known names and
     could be any of several labels: each with its candidates, for the split query."""
     found = {}
-    for family in _unclaimed(names, catalogue, metadata, (), claims).values():
+    for family in _unclaimed(names, catalogue, metadata, (), claims, families).values():
         own = labels.get(labels_key(family))
         if not is_duration(family) or own is None or side(family, own) != "client":
             continue
@@ -329,8 +335,11 @@ def recognise(
     ``splits`` per client family with several possible peer labels, how much each splits the
     slowdown (:func:`diagnoser.signals.peers.split_query`).
     """
-    families = _unclaimed(names, catalogue, metadata, native)
-    durations = families if claims is None else _unclaimed(names, catalogue, metadata, native, claims)
+    every = families_of(names, metadata, native)
+    families = _unclaimed(names, catalogue, metadata, families=every)
+    durations = (
+        families if claims is None else _unclaimed(names, catalogue, metadata, claims=claims, families=every)
+    )
     conventions: list[Convention] = []
     lookalikes: list[Lookalike] = []
     for family in durations.values():

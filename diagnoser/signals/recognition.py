@@ -147,11 +147,16 @@ async def recognition(
             claims(source, catalogue, at, lookback_s),
         )
         fitted = None if isinstance(claimed, SourceError) else claimed
+        held_as = families_of(names, described, set(native))  # native histograms known now
         # A third round trip only where gauges pair with limits (is each limit above its gauge's
         # day?) and where a client duration's peer could be any of several labels.
         overshoots, splits = await asyncio.gather(
             _overshoots(source, candidate_pairs(names, described, labels, catalogue), at),
-            _splits(source, split_candidates(names, described, {**labels, **native}, catalogue, fitted), at),
+            _splits(
+                source,
+                split_candidates(names, described, {**labels, **native}, catalogue, fitted, held_as),
+                at,
+            ),
         )
         return recognise(
             names,
