@@ -44,6 +44,7 @@ from diagnoser.signals import (
     normalise_labels,
     validate_template,
 )
+from diagnoser.signals.claims import claims
 from diagnoser.signals.holdings import Holdings, holdings
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.target_info import identities
@@ -138,11 +139,14 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     if isinstance(names, SourceError):
         return names
     present = await holdings(source, catalogue, names, ctx.at, lookback)
+    # The catalogue's conventions as the families' labels fit them (one query per instant, shared).
+    claimed = await claims(source, catalogue, ctx.at, lookback)
+    fitting = catalogue if isinstance(claimed, SourceError) else claimed.catalogue(catalogue)
     # The catalogue's conventions are asked at once; families no convention claims may still be
     # recognised by their shape (signals.infer, once per instant), and their inferred conventions
     # are asked as soon as that is known, without holding up the catalogue's queries.
     catalogued, inferred = await asyncio.gather(
-        _ask(source, params, expansions_of(params, catalogue, present), ctx),
+        _ask(source, params, expansions_of(params, fitting, present), ctx),
         _ask_inferred(source, params, catalogue, present, ctx, lookback),
     )
     planned = [*catalogued, *inferred]

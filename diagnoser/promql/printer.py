@@ -70,7 +70,9 @@ class Hooks:
     #: Text for a selector's metric and matchers (``None``: print it as written).
     selector: Callable[[pp.VectorSelector], str | None] = lambda _: None
     #: The name to print for a label of a ``by``/``without``/``on``/``ignoring``/``group_*`` clause.
-    label: Callable[[str], str] = lambda name: name
+    #: A grouping label's name, or names: a normalised label some conventions spell several ways
+    #: (``db_system`` as ``db_system_name`` or ``db_system``) groups by each of them.
+    label: Callable[[str], str | tuple[str, ...]] = lambda name: name
     #: ``id`` of a node -> factors: the node is printed as ``(<node> * factor)``, once per factor.
     scale: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     #: ``id`` of a node -> the text printed in its place (before any factor of ``scale``).
@@ -254,7 +256,13 @@ def _matching(modifier: pp.BinModifier | None, hooks: Hooks, both_vectors: bool 
 
 
 def _labels(labels: list[str], hooks: Hooks) -> str:
-    return ", ".join(label_name(hooks.label(label)) for label in labels)
+    names: list[str] = []
+    for label in labels:
+        renamed = hooks.label(label)
+        names.extend(
+            name for name in ((renamed,) if isinstance(renamed, str) else renamed) if name not in names
+        )
+    return ", ".join(label_name(name) for name in names)
 
 
 def _duration(value: timedelta) -> str:

@@ -75,7 +75,7 @@ class Replacement:
 def rewrite(
     query: str,
     replace: Callable[[str], Replacement | None],
-    labels: Callable[[str], str] | None = None,
+    labels: Callable[[str], str | tuple[str, ...]] | None = None,
 ) -> str:
     """``query`` with each selector of metric ``m`` replaced by ``replace(m)`` (unless ``None``).
 

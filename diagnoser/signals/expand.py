@@ -158,7 +158,9 @@ def expansions(
         if reads in seen or (convention is not catalogued and metrics in exact):
             continue
         seen.add(reads)
-        key = (template, convention.name, *([] if convention is catalogued else [reads]))
+        # What the convention reads is part of the key: claims (signals.claims) and OTLP spellings
+        # give conventions of one name different forms at different instants.
+        key = (template, convention.name, reads)
         expansion = catalogue.expanded.get(key)
         if expansion is None:
             expansion = catalogue.expanded[key] = _expand(template, convention)
@@ -188,8 +190,45 @@ def _expand(template: str, convention: Convention) -> Expansion:
             scale=form.scale if part != "count" else 1.0,
             buckets=part == "bucket",
         )
-    query = rewrite(text, replacements.get, convention.source_label)
+    query = rewrite(text, replacements.get, lambda label: _source_labels(convention, label))
     return Expansion(convention=convention, query=query, notes=tuple(notes))
+
+
+#: Normalised labels that name a database, and the labels OpenTelemetry's semantic conventions spell
+#: them with in either generation (``db.system.name`` since 1.30, ``db.system`` before;
+#: ``db.namespace`` since 1.26, ``db.name`` before), newest first. A rule grouping by them reads
+#: whichever a convention's series carry, without each entry having to say so.
+DATABASE_LABELS: dict[str, tuple[str, ...]] = {
+    "db_system": ("db_system_name", "db_system"),
+    "db_name": ("db_namespace", "db_name"),
+}
+
+
+def _source_labels(convention: Convention, label: str) -> str | tuple[str, ...]:
+    if label in convention.labels or label not in DATABASE_LABELS:
+        return convention.source_label(label)
+    return DATABASE_LABELS[label]
+
+
+def _database_labels(labels: Mapping[str, str], out: dict[str, str]) -> None:
+    """``db_system`` and ``db_name`` from whichever spelling the series carry, and a database peer
+    named by them (``postgresql database inventory``) rather than by its address, which is kept
+    as ``peer_address``."""
+    for normalised, spellings in DATABASE_LABELS.items():
+        value = next((labels[s] for s in spellings if labels.get(s)), None)
+        if value and normalised not in out:
+            out[normalised] = value
+    system, name = out.get("db_system"), out.get("db_name")
+    if not system or "peer" not in out or out["peer"] == name:
+        return
+    if out["peer"] == system:  # the convention names the peer by its system already
+        if name:
+            out["peer"] = f"{system} database {name}"
+        return
+    address = out.pop("peer")
+    port = out.pop("peer_port", None)
+    out["peer_address"] = f"{address}:{port}" if port else address
+    out["peer"] = f"{system} database {name}" if name else system
 
 
 def normalise_labels(
@@ -211,6 +250,8 @@ def normalise_labels(
             if key != "job":
                 continue
         out.setdefault(key, value)
+    if "peer" in convention.labels:
+        _database_labels(labels, out)
     job = labels.get("job", "")
     if out.get("service") == job and "/" in job and convention.otel:
         known = identities.get(job)

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
 from diagnoser.signals.otlp import escape_metric
+from diagnoser.signals.peers import peer_candidates, pick_peer
 from diagnoser.signals.resources import TARGET_LABELS, Resource
 from diagnoser.signals.shapes import (
     LIMIT_WORDS,
-    PEER_LABELS,
     PEER_PORT_LABELS,
     STATUS_LABELS,
     Family,
@@ -43,6 +44,9 @@ from diagnoser.signals.shapes import (
     tokens,
 )
 
+if TYPE_CHECKING:
+    from diagnoser.signals.claims import Claims
+
 __all__ = [
     "Lookalike",
     "Pairing",
@@ -53,6 +57,7 @@ __all__ = [
     "labels_key",
     "overshoot_query",
     "recognise",
+    "split_candidates",
     "unitless_histograms",
 ]
 
@@ -200,15 +205,45 @@ def _unclaimed(
     catalogue: Catalogue,
     metadata: Mapping[str, Mapping[str, str]],
     native: Iterable[str] = (),
+    claims: Claims | None = None,
+    families: Mapping[str, Family] | None = None,
 ) -> dict[str, Family]:
-    """The families of ``names`` none of whose series a convention or catalogued resource reads."""
-    claimed = catalogue.metric_names().union(*(resource.required for resource in catalogue.resources))
+    """The families of ``names`` none of whose series a convention or catalogued resource reads
+    (``families``: those of ``names``, where the caller has them already: an estate's thousands of
+    names are grouped once, not once per question).
+
+    With ``claims``, a convention reads only the families whose labels fit it
+    (:mod:`diagnoser.signals.claims`); a duration family its claimants supply only some signals of
+    (a duration whose status no claimant reads) is left to recognition as well."""
+    every = families if families is not None else families_of(names, metadata, native)
+    resources: set[str] = set().union(*(resource.required for resource in catalogue.resources))
+    claimed: set[str] | frozenset[str]
+    if claims is not None:
+        claimed = claims.claimed | resources
+        return {
+            name: family
+            for name, family in every.items()
+            if not set(family.series) & claimed
+            or (is_duration(family) and _partly_supplied(claims.supplied.get(family.name, frozenset())))
+        }
+    claimed = catalogue.metric_names() | resources
     spelt = catalogue.otel_spellings()  # an OpenTelemetry convention's other OTLP spellings
     return {
         name: family
-        for name, family in families_of(names, metadata, native).items()
+        for name, family in every.items()
         if not set(family.series) & claimed and not {escape_metric(s) for s in family.series} & spelt
     }
+
+
+#: What a server's duration family gives by shape: its duration, errors and shed requests.
+_SERVER_SIGNALS = frozenset({"http.server.duration", "http.server.errors", "http.server.shed"})
+
+
+def _partly_supplied(supplied: frozenset[str]) -> bool:
+    """Claimants give some of a server family's HTTP signals and not the rest: a
+    prometheus-fastapi-instrumentator entry reads the duration of a family whose errors it reads
+    elsewhere, from a family that is absent, while this family's own status label has them."""
+    return bool(supplied) and supplied <= _SERVER_SIGNALS and supplied != _SERVER_SIGNALS
 
 
 def labels_key(family: Family) -> str:
@@ -223,8 +258,10 @@ def candidate_series(
     """The series whose labels recognition needs, read from names alone: one per unclaimed
     duration family, each limit of a count, and the gauges of the same exporter that could be
     what it limits or its queue. On a Prometheus without such families, none (and no query)."""
-    families = _unclaimed(names, catalogue, metadata)
-    wanted = [labels_key(f) for f in families.values() if is_duration(f)]
+    every = families_of(names, metadata)
+    families = _unclaimed(names, catalogue, metadata, families=every)
+    # Every duration family, claimed by name or not: a claim whose labels do not fit falls through.
+    wanted = [labels_key(f) for f in every.values() if is_duration(f)]
     limits = {f.name for f in families.values() if f.type == "gauge" and _count_limit(f.name) is not None}
     exporters = {tokens(name)[0] for name in limits}
     wanted += limits
@@ -246,6 +283,27 @@ def _count_limit(name: str) -> tuple[tuple[str, ...], str, tuple[str, ...]] | No
     return parts
 
 
+def split_candidates(
+    names: set[str],
+    metadata: Mapping[str, Mapping[str, str]],
+    labels: Mapping[str, frozenset[str]],
+    catalogue: Catalogue,
+    claims: Claims | None = None,
+    families: Mapping[str, Family] | None = None,
+) -> dict[str, tuple[Family, tuple[str, ...]]]:
+    """Client duration families no claim takes whose peer label is none of the known names and
+    could be any of several labels: each with its candidates, for the split query."""
+    found = {}
+    for family in _unclaimed(names, catalogue, metadata, (), claims, families).values():
+        own = labels.get(labels_key(family))
+        if not is_duration(family) or own is None or side(family, own) != "client":
+            continue
+        candidates, how = peer_candidates(own)
+        if how == "left" and len(candidates) > 1:
+            found[family.name] = (family, candidates)
+    return found
+
+
 def unitless_histograms(families: Mapping[str, Family]) -> list[str]:
     """Histograms timed in a unit neither the metadata nor the name gives: read from their buckets."""
     return sorted(
@@ -263,6 +321,8 @@ def recognise(
     bucket_bounds: Mapping[str, float] | None = None,
     native: Iterable[str] = (),
     overshoots: Mapping[tuple[str, str], float] | None = None,
+    claims: Claims | None = None,
+    splits: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Recognition:
     """Recognise the unclaimed families of ``names``.
 
@@ -270,15 +330,28 @@ def recognise(
     ``bucket_bounds`` the highest finite ``le`` of each unitless histogram's ``_bucket``;
     ``native`` the names whose samples are native histograms;
     ``overshoots`` the answer of :func:`overshoot_query` per pair (used, limit) of
-    :func:`candidate_pairs` (a pair without one is kept, and says its peak was not checked).
+    :func:`candidate_pairs` (a pair without one is kept, and says its peak was not checked);
+    ``claims`` which catalogued forms fit their families' labels (without it, names decide);
+    ``splits`` per client family with several possible peer labels, how much each splits the
+    slowdown (:func:`diagnoser.signals.peers.split_query`).
     """
-    families = _unclaimed(names, catalogue, metadata, native)
+    every = families_of(names, metadata, native)
+    families = _unclaimed(names, catalogue, metadata, families=every)
+    durations = (
+        families if claims is None else _unclaimed(names, catalogue, metadata, claims=claims, families=every)
+    )
     conventions: list[Convention] = []
     lookalikes: list[Lookalike] = []
-    for family in families.values():
+    for family in durations.values():
         if not is_duration(family):
             continue
-        found = _duration_convention(family, labels.get(labels_key(family)), catalogue, bucket_bounds or {})
+        found = _duration_convention(
+            family,
+            labels.get(labels_key(family)),
+            catalogue,
+            bucket_bounds or {},
+            (splits or {}).get(family.name),
+        )
         if isinstance(found, Lookalike):
             if found.looks_like != "duration":  # a duration of no request at all (GC, scrapes) is no miss
                 lookalikes.append(found)
@@ -295,11 +368,13 @@ def recognise(
         resources.append(_resource(families, labels, pairing, checked=over is not None))
     present_resources = [r for r in catalogue.resources if r.required <= names]
     refused += _partial_entries(catalogue, names)
+    if claims is not None:
+        refused += claims.rejected
     return Recognition(
         conventions=tuple(conventions),
         resources=(*present_resources, *resources),
         lookalikes=(*lookalikes, *missed),
-        families=families,
+        families={**families, **durations},
         rejected=tuple(refused),
     )
 
@@ -341,7 +416,11 @@ def _unit(family: Family, bounds: Mapping[str, float]) -> tuple[str, str]:
 
 
 def _duration_convention(
-    family: Family, labels: frozenset[str] | None, catalogue: Catalogue, bounds: Mapping[str, float]
+    family: Family,
+    labels: frozenset[str] | None,
+    catalogue: Catalogue,
+    bounds: Mapping[str, float],
+    splits: Mapping[str, float] | None = None,
 ) -> Convention | Lookalike:
     if labels is None:
         return Lookalike(family.name, "duration", "no series to read its labels from at this instant")
@@ -352,8 +431,7 @@ def _duration_convention(
     if where == "client":
         if "dependency.duration" not in catalogue.signals:
             return Lookalike(family.name, "client duration", "no dependency.duration signal in the catalogue")
-        peer = next((label for label in PEER_LABELS if label in labels), None)
-        peer_how = f"peer label {peer}" if peer else "no peer label"
+        peer, peer_how = pick_peer(labels, splits)
         name = f"inferred ({shape}, client side, {peer_how}, {unit_how})"
         note = f"{CAVEAT}; {unit_how}"
         form = Form(metric=family.name, scale=scale, note=note)

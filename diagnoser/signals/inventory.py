@@ -19,6 +19,7 @@ from datetime import datetime
 from diagnoser.models import SourceError
 from diagnoser.promql import held, kind_from_names, label_name, quote
 from diagnoser.signals.catalogue import TIME_UNITS, Catalogue, Convention, Form
+from diagnoser.signals.claims import claims
 from diagnoser.signals.holdings import holdings, resolve
 from diagnoser.signals.infer import Recognition
 from diagnoser.signals.otlp import escape_label
@@ -134,7 +135,10 @@ async def _signal_rows(
     inferred = {c.name for c in found.conventions}
     # OpenTelemetry conventions in whichever OTLP spelling the server holds them.
     held_now = await holdings(source, catalogue, names, at, lookback_s)
-    catalogued = [resolve(c, held_now) for c in catalogue.conventions]
+    # The forms whose families' labels fit them (signals.claims); the rest are listed as rejected.
+    claimed = await claims(source, catalogue, at, lookback_s)
+    conventions = catalogue.conventions if isinstance(claimed, SourceError) else claimed.conventions
+    catalogued = [resolve(c, held_now) for c in conventions]
     present = _present_forms(catalogue, [*catalogued, *found.conventions], names)
     selectors = [
         _presence(form, catalogue.signals[signal].type == "histogram") for _, signal, form in present

@@ -9,19 +9,22 @@ gauge that pairs with a limit by name and labels, one query for whether it went 
 over the day (a limit it exceeds is not its limit). The result is kept by the source for the
 instant, so rules never pay a round trip of their own. A metadata endpoint that fails or answers
 nothing (VictoriaMetrics, backfilled data) leaves recognition to the names; a failing query leaves
-the families it was about unrecognised (listed as look-alikes), never the rule failed.
+the families it was about unrecognised (listed as look-alikes), never the rule failed. Which
+catalogued conventions claim which families is decided by their labels (:mod:`diagnoser.signals.claims`,
+one query, shared): a family that fits a convention's name and not its labels is recognised here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from diagnoser.models import SourceError
 from diagnoser.promql import quote
 from diagnoser.signals.catalogue import Catalogue
+from diagnoser.signals.claims import claims
 from diagnoser.signals.infer import (
     Pairing,
     Recognition,
@@ -29,9 +32,11 @@ from diagnoser.signals.infer import (
     candidate_series,
     overshoot_query,
     recognise,
+    split_candidates,
     unitless_histograms,
 )
-from diagnoser.signals.shapes import families_of, native_candidates
+from diagnoser.signals.peers import SPLIT_LABEL, split_query
+from diagnoser.signals.shapes import Family, families_of, native_candidates
 from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["recognition"]
@@ -102,6 +107,24 @@ async def _overshoots(
     return found
 
 
+async def _splits(
+    source: PrometheusSource, families: Mapping[str, tuple[Family, tuple[str, ...]]], at: datetime
+) -> dict[str, dict[str, float]]:
+    """Per family, how much each candidate peer label splits the slowdown (a failed query: none)."""
+    names = sorted(families)
+    answers = await asyncio.gather(*(source.query(split_query(*families[name]), at) for name in names))
+    found: dict[str, dict[str, float]] = {}
+    for name, samples in zip(names, answers, strict=True):
+        if isinstance(samples, SourceError):
+            continue
+        found[name] = {
+            s.labels[SPLIT_LABEL]: s.value
+            for s in samples
+            if SPLIT_LABEL in s.labels and math.isfinite(s.value)
+        }
+    return found
+
+
 async def recognition(
     source: PrometheusSource, catalogue: Catalogue, at: datetime, lookback_s: float
 ) -> Recognition | SourceError:
@@ -117,16 +140,34 @@ async def recognition(
         families = families_of(names, described)
         asked = set(wanted)
         durations = {n: f for n, f in families.items() if f"{n}_count" in asked}
-        labels, native, bounds = await asyncio.gather(
+        labels, native, bounds, claimed = await asyncio.gather(
             _label_sets(source, wanted, at),
             _native_label_sets(source, native_candidates(names, described), at),
             _bucket_bounds(source, unitless_histograms(durations), at),
+            claims(source, catalogue, at, lookback_s),
         )
-        # A third round trip only where gauges pair with limits: is each limit above its gauge's day?
-        overshoots = await _overshoots(source, candidate_pairs(names, described, labels, catalogue), at)
+        fitted = None if isinstance(claimed, SourceError) else claimed
+        held_as = families_of(names, described, set(native))  # native histograms known now
+        # A third round trip only where gauges pair with limits (is each limit above its gauge's
+        # day?) and where a client duration's peer could be any of several labels.
+        overshoots, splits = await asyncio.gather(
+            _overshoots(source, candidate_pairs(names, described, labels, catalogue), at),
+            _splits(
+                source,
+                split_candidates(names, described, {**labels, **native}, catalogue, fitted, held_as),
+                at,
+            ),
+        )
         return recognise(
-            names, described, {**labels, **native}, catalogue, bounds,
-            native=set(native), overshoots=overshoots,
+            names,
+            described,
+            {**labels, **native},
+            catalogue,
+            bounds,
+            native=set(native),
+            overshoots=overshoots,
+            claims=fitted,
+            splits=splits,
         )
 
     return await source.shared(("recognition", at.timestamp(), lookback_s, id(catalogue)), ask)

@@ -311,7 +311,8 @@ def test_a_service_label_is_never_taken_for_the_peer() -> None:
     assert "peer" not in convention.labels
 
 
-def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None:
+def test_candidates_are_every_duration_family_and_the_unclaimed_limit_families() -> None:
+    # A catalogued duration family is a candidate too: its labels decide whether the claim holds.
     names = {
         "ktor_http_server_requests_seconds_count",
         "ktor_http_server_requests_seconds_sum",
@@ -328,6 +329,7 @@ def test_candidates_are_the_unclaimed_duration_and_limit_families_only() -> None
         "up",
     }
     assert candidate_series(names, {}, load_catalogue()) == [
+        "http_server_request_duration_seconds_count",
         "keydb_config_maxclients",
         "keydb_connected_clients",
         "ktor_http_server_requests_seconds_count",
