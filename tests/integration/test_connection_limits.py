@@ -80,9 +80,9 @@ def test_postgresql_at_max_connections_is_named_with_its_limit(prometheus_url: s
     # The service's 503s are the database's refusals: the database is named first, above them.
     assert findings[0]["rule_id"] == "resources/server-connection-limit-slo", [f["rule_id"] for f in findings]
     assert finding["cause"] == "connection_limit_reached"
-    # max_connections 20 less 3 reserved for superusers: 17 for the service's role.
+    # max_connections 20 less 3 reserved for superusers: 17 for the service's role, and both said.
     assert "postgresql max_connections (server=" in str(finding["title"])
-    assert "of the 17 allowed" in str(finding["summary"])
+    assert "at 17 of the 17 usable (20 configured, 3 reserved)" in str(finding["summary"])
     assert "client service's requests failing" in str(finding["summary"])
     recommendation = str(finding["recommendation"])
     assert "pooler" in recommendation and "Raising the pools will not help" in recommendation
