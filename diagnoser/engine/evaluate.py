@@ -270,7 +270,10 @@ async def _with_onsets(
     resolved_signal = _resolve(signal, variables, ctx.catalogue)
 
     async def rows_at(instant: datetime) -> list[Evidence] | None:
-        result = await signal.kind.run(resolved_signal, replace(ctx, at=instant))
+        try:
+            result = await signal.kind.run(resolved_signal, replace(ctx, at=instant))
+        except NoDataFound:
+            return []  # nothing to hold there (before the series began)
         return None if isinstance(result, SourceError) else list(result)
 
     onsets = await find_onsets(

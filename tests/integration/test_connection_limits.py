@@ -102,6 +102,11 @@ def test_postgresql_at_max_connections_is_named_with_its_limit(prometheus_url: s
     # max_connections 20 less 3 reserved for superusers: 17 for the service's role, and both said.
     assert "postgresql max_connections (server=" in str(finding["title"])
     assert "at 17 of the 17 usable (20 configured, 3 reserved)" in str(finding["summary"])
+    # Since the minute the incident began (the peak's window reaches back 2 minutes before it).
+    onset = datetime.fromisoformat(str(finding["since"]))
+    started = START_S + LEAD_IN_S
+    assert started - 180 <= onset.timestamp() <= started + 60, (finding["since"], started)
+    assert f"since {onset:%H:%M}" in str(finding["summary"])
     assert "client service's requests failing" in str(finding["summary"])
     recommendation = str(finding["recommendation"])
     assert "pooler" in recommendation and "Raising the pools will not help" in recommendation
