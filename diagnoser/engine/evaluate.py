@@ -17,8 +17,8 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from diagnoser.checks import CheckContext, CheckResult
 from diagnoser.config.parts import FindingStyle
 from diagnoser.engine.config import DiagnosisConfig
+from diagnoser.engine.onset import Onset, find_onsets
 from diagnoser.engine.rank import (
     agrees,
     collapse_errors,
@@ -36,6 +37,7 @@ from diagnoser.engine.rank import (
 )
 from diagnoser.errors import NoDataFound, SourceNotConfigured
 from diagnoser.models import Diagnosis, Evidence, Finding, SourceError, service_of
+from diagnoser.promql import duration_seconds
 from diagnoser.ruleset import Condition, Rule, RuleSet, resolve_condition
 from diagnoser.ruleset.expressions import ExpressionError, evaluate_expression
 from diagnoser.ruleset.templating import MissingVariable, RuleVariables, format_text
@@ -214,9 +216,10 @@ async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: 
             outcome.errors.append(result.model_copy(update={"rule_id": rule.id}))
     if any(isinstance(r, SourceError) or not r for r in when_results):
         return
-    # Evidence is only worth its queries once the rule holds: a healthy run stays cheap.
+    # Evidence is only worth its queries once the rule holds: a healthy run stays cheap. Evidence
+    # read before the onset waits for the onsets.
     evidence_results: Sequence[CheckResult] = await asyncio.gather(
-        *(c.kind.run(_resolve(c, variables, ctx.catalogue), ctx) for c in rule.evidence)
+        *(_run_now(c, variables, ctx) for c in rule.evidence)
     )
     for result in evidence_results:
         if isinstance(result, SourceError):
@@ -226,20 +229,118 @@ async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: 
         r if not isinstance(r, SourceError) else [] for r in (*when_results, *evidence_results)
     ]
     candidates = _candidates(rule, rows_by_condition[0])
-    emitted = 0
+    kept: list[_Candidate] = []
     for labels, primary_rows in candidates:
         matched = _match_conditions(primary_rows[0].labels, rows_by_condition[1:])
         if any(not rows for rows in matched[: len(rule.when) - 1]):
             continue
+        kept.append(_Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True))))
+    if rule.onset is not None and kept:
+        kept = await _with_onsets(rule, inputs, params, ctx, kept, outcome)
+    emitted = 0
+    for candidate in kept:
         if emitted == MAX_FINDINGS_PER_RULE:
-            outcome.findings[-1].summary += f" (and {len(candidates) - emitted} more, not listed)"
+            outcome.findings[-1].summary += f" (and {len(kept) - emitted} more, not listed)"
             break
-        candidate = _Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True)))
         finding = _finding(rule, inputs, params, candidate)
         if finding is None:
             continue
         outcome.findings.append(finding)
         emitted += 1
+
+
+async def _run_now(condition: Condition, variables: Mapping[str, Any], ctx: CheckContext) -> CheckResult:
+    if condition.at == "before_onset":
+        return []
+    return await condition.kind.run(_resolve(condition, variables, ctx.catalogue), ctx)
+
+
+async def _with_onsets(
+    rule: Rule,
+    inputs: RuleInputs,
+    params: Mapping[str, Any],
+    ctx: CheckContext,
+    candidates: list[_Candidate],
+    outcome: RuleOutcome,
+) -> list[_Candidate]:
+    """The candidates with their onsets (:mod:`diagnoser.engine.onset`), and the evidence read
+    just before each onset (``at: before_onset``) in place of the empty rows read at the instant."""
+    spec = rule.onset
+    assert spec is not None
+    variables = rule.variables(inputs.variables)
+    signal = rule.onset_condition or rule.when[0]
+    resolved_signal = _resolve(signal, variables, ctx.catalogue)
+
+    async def rows_at(instant: datetime) -> list[Evidence] | None:
+        try:
+            result = await signal.kind.run(resolved_signal, replace(ctx, at=instant))
+        except NoDataFound:
+            return []  # nothing to hold there (before the series began)
+        return None if isinstance(result, SourceError) else list(result)
+
+    onsets = await find_onsets(
+        rows_at,
+        [_holding(rule, inputs, params, candidate) for candidate in candidates],
+        ctx.at,
+        duration_seconds(spec.lookback),
+        duration_seconds(spec.resolution),
+    )
+    before = [c for c in rule.evidence if c.at == "before_onset"]
+    instants = sorted({o.before for o in onsets if o is not None})
+    read: dict[tuple[int, datetime], list[Evidence]] = {}
+    if before and instants:
+        plan = [(index, instant) for index, _ in enumerate(before) for instant in instants]
+        resolved = [_resolve(condition, variables, ctx.catalogue) for condition in before]
+        results = await asyncio.gather(
+            *(before[index].kind.run(resolved[index], replace(ctx, at=instant)) for index, instant in plan)
+        )
+        for key, result in zip(plan, results, strict=True):
+            if isinstance(result, SourceError):
+                outcome.errors.append(result.model_copy(update={"rule_id": rule.id}))
+                continue
+            read[key] = result
+    timed: list[_Candidate] = []
+    for candidate, onset in zip(candidates, onsets, strict=True):
+        others = candidate.others
+        if onset is not None and before:
+            subject = candidate.primary_rows[0].labels
+            others = [
+                (condition, rows)
+                if condition.at != "before_onset"
+                else (condition, _agreeing(read.get((before.index(condition), onset.before), []), subject))
+                for condition, rows in others
+            ]
+        timed.append(replace(candidate, others=others, onset=onset))
+    return timed
+
+
+def _holding(
+    rule: Rule, inputs: RuleInputs, params: Mapping[str, Any], candidate: _Candidate
+) -> Callable[[Sequence[Evidence]], bool]:
+    """Whether the onset's signal holds for ``candidate`` in some rows: a row with its labels, and
+    above its own threshold (``onset.above``, over the finding's values as known at the instant)."""
+    subject = candidate.primary_rows[0].labels
+    threshold: float | None = None
+    if rule.onset is not None and rule.onset.above is not None:
+        values = _template_values(rule, inputs.variables, params, candidate)
+        _compute(rule, values)
+        try:
+            threshold = float(evaluate_expression(rule.onset.above, values))
+        except (ExpressionError, TypeError, ValueError):
+            return lambda rows: True  # no threshold to tell by: no onset is found (held throughout)
+
+    def holds(rows: Sequence[Evidence]) -> bool:
+        return any(agrees(subject, row.labels) and _above(row.value, threshold) for row in rows)
+
+    return holds
+
+
+def _above(value: float | None, threshold: float | None) -> bool:
+    return threshold is None or (value is not None and value > threshold)
+
+
+def _agreeing(rows: list[Evidence], labels: Mapping[str, str]) -> list[Evidence]:
+    return [row for row in rows if agrees(labels, row.labels)]
 
 
 def subject_of(labels: Mapping[str, str]) -> str:
@@ -290,6 +391,7 @@ class _Candidate:
     labels: dict[str, str]
     primary_rows: list[Evidence]
     others: list[tuple[Condition, list[Evidence]]]
+    onset: Onset | None = None
 
 
 def _finding(
@@ -319,6 +421,7 @@ def _finding(
         summary=format_text(rule.summary, values),
         evidence=evidence,
         recommendation=recommendation,
+        since=candidate.onset.since if candidate.onset is not None else None,
         explains=list(rule.explains),
     )
 
@@ -350,6 +453,10 @@ def _template_values(
         notes.extend(r.caveat for r in rows[:1] if r.caveat and r.caveat not in notes)
     if notes:
         values["caveats"] = " Note: " + "; ".join(notes) + "."
+    if candidate.onset is not None:
+        # In the instant's own zone (UTC for an instant given as one).
+        values["since"] = candidate.onset.since.strftime("%H:%M")
+        values["baseline_at"] = candidate.onset.before.strftime("%H:%M")
     return values
 
 

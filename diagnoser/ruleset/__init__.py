@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 from diagnoser.ruleset.loader import builtin_rules_dir, load_rule_file, load_rules
-from diagnoser.ruleset.schema import Condition, Rule, RuleSet, resolve_condition
+from diagnoser.ruleset.schema import Condition, OnsetSpec, Rule, RuleSet, resolve_condition
 
 __all__ = [
     "Condition",
+    "OnsetSpec",
     "Rule",
     "RuleSet",
     "builtin_rules_dir",

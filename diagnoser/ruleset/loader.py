@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -121,9 +122,27 @@ def load_rule_file(path: Path, rule_id: str, catalogue: Catalogue | None = None)
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         problems.append(problem("when/evidence", f"condition names must be unique: {duplicates}"))
+    onset_condition = None
+    if spec.onset is not None and spec.onset.when is not None:
+        try:
+            onset_condition = _condition(spec.onset.when, kinds, defaults, catalogue)
+        except _ConditionInvalid as invalid:
+            problems.append(problem(f"onset.when{invalid.field}", invalid.message))
+    if spec.onset is None:
+        problems.extend(
+            problem(f"evidence[{index}].at", "at: before_onset needs the rule's onset: section")
+            for index, condition in enumerate(conditions["evidence"])
+            if condition.at == "before_onset"
+        )
+    problems.extend(
+        problem(f"when[{index}].at", "only evidence can be read before the onset")
+        for index, condition in enumerate(conditions["when"])
+        if condition.at != "now"
+    )
     if problems:
         raise _RuleFileInvalid(problems)
-    return _rule(path, rule_id, spec, conditions["when"], conditions["evidence"])
+    rule = _rule(path, rule_id, spec, conditions["when"], conditions["evidence"])
+    return replace(rule, onset_condition=onset_condition)
 
 
 def _rule_file(path: Path, problem: Callable[[str, str], RuleProblem]) -> RuleFile:
@@ -163,6 +182,7 @@ def _rule(path: Path, rule_id: str, spec: RuleFile, when: list[Condition], evide
         yields_to=tuple(spec.yields_to),
         require=tuple(spec.require),
         new_cause=spec.new_cause,
+        onset=spec.onset,
     )
 
 
@@ -183,7 +203,10 @@ def _condition(
     name = raw.get("name")
     if name is not None and (not isinstance(name, str) or not NAME_PATTERN.match(name)):
         raise _ConditionInvalid(".name", f"{name!r} is not a valid name (lower_snake_case)")
-    keys = [k for k in raw if k != "name"]
+    at = raw.get("at", "now")
+    if at not in ("now", "before_onset"):
+        raise _ConditionInvalid(".at", f"{at!r}: now or before_onset")
+    keys = [k for k in raw if k not in ("name", "at")]
     if len(keys) != 1:
         raise _ConditionInvalid(
             "", f"needs exactly one check kind, got {keys or 'none'}; known: {', '.join(_kind_names(kinds))}"
@@ -196,7 +219,7 @@ def _condition(
     except ValidationError as exc:
         err = exc.errors()[0]
         raise _ConditionInvalid(f".{keys[0]}.{_loc(err['loc'])}", _message(err)) from exc
-    return Condition(kind=kind, raw_params=params, name=name)
+    return Condition(kind=kind, raw_params=params, name=name, at=at)
 
 
 def _kind_of(key: str, params: Any, kinds: Mapping[str, CheckKind]) -> tuple[CheckKind, Mapping[str, Any]]:

@@ -18,16 +18,54 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from diagnoser.checks import CheckKind
 from diagnoser.errors import RuleProblem
 from diagnoser.models import CAUSES, SYMPTOMS, Severity
+from diagnoser.promql import duration_seconds
 from diagnoser.ruleset.expressions import ExpressionError, parse_expression
 from diagnoser.ruleset.templating import RuleVariables, resolve_placeholders
 
 if TYPE_CHECKING:
     from diagnoser.signals import Catalogue
 
-__all__ = ["NAME_PATTERN", "Condition", "Rule", "RuleFile", "RuleSet", "resolve_condition"]
+__all__ = ["NAME_PATTERN", "Condition", "OnsetSpec", "Rule", "RuleFile", "RuleSet", "resolve_condition"]
 
 #: What a condition's ``name`` and a compute value may be called.
 NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class OnsetSpec(BaseModel):
+    """How far back the engine looks for the instant a finding's first condition began to hold
+    (:mod:`diagnoser.engine.onset`): "since when", the baseline just before it, the incident's
+    opened time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: At most this far back (at most a day: a signal that has held longer has no onset to find).
+    lookback: str = "1d"
+    #: To within this step: about a scrape interval or four.
+    resolution: str = "1m"
+    #: The signal whose onset is sought, a condition like those of ``when`` (default: the first
+    #: of ``when``). A cheap one: it is read at about 20 earlier instants.
+    when: dict[str, Any] | None = None
+    #: With ``when``: it holds for a finding where its value is above this expression over the
+    #: finding's values (``lowest_before_s + params.min_call_rise_s``), read before the onset.
+    above: str | None = None
+
+    @field_validator("above")
+    @classmethod
+    def _valid_above(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_expression(value)
+            except ExpressionError as exc:
+                raise ValueError(f"{value!r}: {exc}") from exc
+        return value
+
+    @field_validator("lookback", "resolution")
+    @classmethod
+    def _durations(cls, value: str) -> str:
+        seconds = duration_seconds(value)
+        if seconds <= 0 or seconds > 86_400:
+            raise ValueError(f"{value!r}: a duration above 0 and at most a day")
+        return value
 
 
 class RuleFile(BaseModel):
@@ -59,6 +97,9 @@ class RuleFile(BaseModel):
     #: Rules whose finding for the same labels makes this one redundant (a generic rule yields to
     #: the specific one that measured what this one infers).
     yields_to: list[str] = Field(default_factory=list)
+    #: Find each finding's onset (``Finding.since``; ``{since}`` in texts); evidence conditions
+    #: with ``at: before_onset`` are then read just before it.
+    onset: OnsetSpec | None = None
 
     @field_validator("explains")
     @classmethod
@@ -101,6 +142,9 @@ class Condition:
     kind: CheckKind
     raw_params: Mapping[str, Any]
     name: str | None = None
+    #: ``before_onset``: read at the last instant before the finding's onset (its baseline), not
+    #: at the instant evaluated; the rule's ``onset:`` finds it.
+    at: Literal["now", "before_onset"] = "now"
 
     @property
     def label(self) -> str:
@@ -132,6 +176,9 @@ class Rule:
     require: tuple[str, ...] = ()
     #: The meaning of a cause this rule declares (``new_cause:``), else ``""``.
     new_cause: str = ""
+    onset: OnsetSpec | None = None
+    #: ``onset.when`` as a condition (``None``: the first of ``when``).
+    onset_condition: Condition | None = None
 
     @property
     def family(self) -> str:

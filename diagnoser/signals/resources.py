@@ -35,18 +35,31 @@ from diagnoser.promql import format_number, metric_names, parse, quote
 
 __all__ = ["MEASURES", "Measure", "Resource", "ResourceSpec", "resource_from_spec", "resource_query"]
 
-Measure = Literal["peak", "at_limit", "limit", "used", "queued", "queued_peak", "refused", "pressure"]
+Measure = Literal[
+    "peak", "at_limit", "limit", "configured", "used", "failed", "queued", "queued_peak", "refused",
+    "pressure",
+]
 MEASURES: tuple[Measure, ...] = (
     "peak",
     "at_limit",
     "limit",
+    "configured",
     "used",
+    "failed",
     "queued",
     "queued_peak",
     "refused",
     "pressure",
 )
 TARGET_LABELS = ("namespace", "job", "instance")
+#: Failed scrapes of a resource's exporter count as scrapes at its limit only when the scrapes that
+#: landed in the same window peaked at this share of the limit or more. An exporter that needs a
+#: connection of its own (mysqld_exporter, one per scrape) fails exactly when the server is full,
+#: and the scrapes that land catch the count between churning connections (14-17 of 17 on the
+#: recorded PostgreSQL and MariaDB beds: 0.82 and up). The false positive this keeps out: a server
+#: that went down or restarted, whose exporter fails too while its last counts were anywhere
+#: (checked on the mysqld, postgres, redis and memcached beds and their healthy instants).
+FAILED_SCRAPES_NEAR = 0.75
 
 
 class ResourceSpec(BaseModel):
@@ -63,7 +76,16 @@ class ResourceSpec(BaseModel):
     #: ``process`` (a process' own: descriptors, workers) or ``host`` (the kernel's, for all).
     role: Literal["server", "proxy", "pool", "process", "host"] = "server"
     used: str
+    #: The limit the clients can reach (PostgreSQL's max_connections less the reserved slots).
     limit: str
+    #: The limit as configured, where the usable one is less (``pg_settings_max_connections``).
+    configured: str | None = None
+    #: Slots reserved only by some versions of the server, taken off ``limit`` where the series
+    #: exists and never required (PostgreSQL 16's ``reserved_connections``).
+    reserved: str | None = None
+    #: The exporter's own gauge of whether it could read the server (``pg_up``, ``mysql_up``):
+    #: 0, like the target's ``up`` 0, is a failed scrape.
+    up: str | None = None
     labels: list[str] = Field(default_factory=list)
     queued: list[str] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
@@ -86,6 +108,9 @@ class Resource:
     how: str = ""
     caveat: str | None = None
     role: str = "server"
+    configured: str | None = None
+    reserved: str | None = None
+    up: str | None = None
 
     @property
     def required(self) -> frozenset[str]:
@@ -99,7 +124,8 @@ class Resource:
 
 def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
     """A catalogued resource; ``ValueError`` naming ``where`` when its PromQL does not parse."""
-    for text in (spec.used, spec.limit, *spec.queued, *spec.refused):
+    optional = [text for text in (spec.configured, spec.reserved, spec.up) if text is not None]
+    for text in (spec.used, spec.limit, *optional, *spec.queued, *spec.refused):
         try:
             parse(text)
         except Exception as exc:  # the parser's own error types
@@ -115,6 +141,9 @@ def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
         how=spec.name,
         caveat=spec.note,
         role=spec.role,
+        configured=spec.configured,
+        reserved=spec.reserved,
+        up=spec.up,
     )
 
 
@@ -141,13 +170,26 @@ def _rates(counters: tuple[str, ...], window: str) -> str:
     )
 
 
+def _failed_scrapes(resource: Resource) -> str | None:
+    """Per target, 1 at an instant its exporter's scrape failed (its own ``up`` gauge 0, or the
+    target's ``up`` 0) and 0 when it succeeded; ``None`` when the exporter has no such gauge (a
+    resource recognised by shape: nothing says which target reads the server)."""
+    if resource.up is None:
+        return None
+    target = f"max by ({', '.join(TARGET_LABELS)})"
+    return f"(({target} ({resource.up}) < bool 1) or ({target} (up) < bool 1))"
+
+
 def resource_query(
     resource: Resource, measure: Measure, window: str, resolution: str, near: float
 ) -> str | None:
     """The PromQL of ``measure`` over ``window`` for ``resource``; ``None`` when it has no such series.
 
-    ``peak`` and ``at_limit`` are ratios to the limit (the highest, and the share of the window's
-    steps at ``near`` or above); ``queued`` is the mean waiting, ``queued_peak`` the most;
+    ``peak`` and ``at_limit`` are ratios to the usable limit (the highest, and the share of the
+    window's steps at ``near`` or above; for ``peak``, a scrape its exporter failed counts as one at
+    the limit when those that landed came within :data:`FAILED_SCRAPES_NEAR` of it); ``limit`` is
+    the usable limit, ``configured`` the configured one (where they differ); ``failed`` the share
+    of the window's steps its exporter failed at; ``queued`` is the mean waiting, ``queued_peak`` the most;
     ``refused`` refusals per second; ``pressure`` either, where above 0. Queues and refusals of
     several series are summed per label set they have: a backend's queue (no ``server`` label)
     stays beside a server's.
@@ -159,16 +201,37 @@ def resource_query(
         return " or ".join(found) or None
     by = _by(resource)
     used = f"sum {by} ({resource.used})"
-    limit = f"(max {by} ({resource.limit}) > 0)"
+    usable = resource.limit
+    if resource.reserved is not None:
+        usable = f"({usable}) - (({resource.reserved}) or ({usable}) * 0)"
+    limit = f"(max {by} ({usable}) > 0)"
     ranged = f"[{window}:{resolution}]"
     if measure == "peak":
-        return f"max_over_time(({used} / {limit}){ranged})"
+        peak = f"max_over_time(({used} / {limit}){ranged})"
+        failed = _failed_scrapes(resource)
+        if failed is None:
+            return peak
+        # A scrape that failed at the limit counts as one at the limit (1.0), on the resource's
+        # own rows, when the scrapes that landed came near it.
+        near_it = f"({peak} >= {format_number(FAILED_SCRAPES_NEAR)})"
+        on = f"on ({', '.join(TARGET_LABELS)}) group_left"
+        return f"({near_it} * 0 + {on} max_over_time({failed}{ranged}) > 0) or {peak}"
     if measure == "at_limit":
         return f"avg_over_time(({used} / {limit} >= bool {format_number(near)}){ranged})"
     if measure == "limit":
         return limit
+    if measure == "configured":
+        return None if resource.configured is None else f"(max {by} ({resource.configured}) > 0)"
     if measure == "used":
         return f"max_over_time(({used}){ranged})"
+    if measure == "failed":
+        failed = _failed_scrapes(resource)
+        if failed is None:
+            return None
+        # The share of the window's instants it failed at, for the resource's own targets only:
+        # those with a limit in the window.
+        on = f"on ({', '.join(TARGET_LABELS)})"
+        return f"avg_over_time({failed}{ranged}) and {on} max_over_time({limit}{ranged})"
     if measure in ("queued", "queued_peak"):
         if not resource.queued:
             return None

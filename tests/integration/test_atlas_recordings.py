@@ -199,8 +199,8 @@ class AtLimit:
 
 _SERVER_LIMIT = ("resources/server-connection-limit", "resources/server-connection-limit-slo")
 AT_LIMIT = [
-    AtLimit("mysql", _SERVER_LIMIT, "mysql max_connections at 20 of the 20 allowed", "Raising the pools will not help"),
-    AtLimit("memcached", _SERVER_LIMIT, "memcached max_connections reached 64 of the 64 allowed",
+    AtLimit("mysql", _SERVER_LIMIT, "mysql max_connections at 20 of the 20 usable", "Raising the pools will not help"),
+    AtLimit("memcached", _SERVER_LIMIT, "memcached max_connections reached 64 of the 64 usable",
             "stays under 64"),
     AtLimit("pgbouncer-python", ("pools/pool-exhaustion-inferred",), "all 5 connections lent out",
             "to 26 connections (Little's law on the pooler's own counts: 10.0 transactions/s served x (1.507s waiting"),

@@ -18,7 +18,8 @@ import pytest
 
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli_here, shared_bed
-from tests.fixtures.expositions.timeline import incident_openmetrics
+from tests.fixtures.expositions.timeline import incident_openmetrics, incident_timeline
+from tests.fixtures.variations import failing_at_limit
 
 pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
@@ -32,6 +33,10 @@ TARGETS = {
     "postgres-max-connections-service": ("orders", "10.0.0.6:9464", 0),
     "haproxy-maxconn": ("haproxy", "10.0.0.7:8405", 1),
 }
+#: The PostgreSQL bed again (day 2), its exporter failing to read the server at every scrape that
+#: found it at its 17 usable connections (pg_up 0 and nothing else, as an exporter that must win a
+#: slot of its own does): only 15 and 16 of 17 are left, and the failed scrapes are the evidence.
+FAILING_DAY = 2
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +51,22 @@ def prometheus_url() -> Iterator[str]:
         ).removesuffix("# EOF\n")
         for directory, (job, instance, day) in TARGETS.items()
     )
+    text += _failing_postgres().removesuffix("# EOF\n")
     with LocalPrometheus(openmetrics=text + "# EOF\n") as prometheus:
         yield prometheus.url
+
+
+def _failing_postgres() -> str:
+    start = START_S + DAY * FAILING_DAY
+    server, service = (
+        incident_timeline(
+            directory, start_s=start, lead_in_s=LEAD_IN_S, incident_s=INCIDENT_S,
+            scrape_labels={"job": TARGETS[directory][0], "instance": TARGETS[directory][1]},
+        )
+        for directory in ("postgres-exporter-max-connections", "postgres-max-connections-service")
+    )
+    failing = failing_at_limit(server, used="pg_stat_activity_count", limit=17, up="pg_up")
+    return failing.openmetrics().removesuffix("# EOF\n") + service.openmetrics()
 
 
 def _diagnose(url: str, at_s: float) -> tuple[int, list[dict[str, object]]]:
@@ -80,9 +99,14 @@ def test_postgresql_at_max_connections_is_named_with_its_limit(prometheus_url: s
     # The service's 503s are the database's refusals: the database is named first, above them.
     assert findings[0]["rule_id"] == "resources/server-connection-limit-slo", [f["rule_id"] for f in findings]
     assert finding["cause"] == "connection_limit_reached"
-    # max_connections 20 less 3 reserved for superusers: 17 for the service's role.
+    # max_connections 20 less 3 reserved for superusers: 17 for the service's role, and both said.
     assert "postgresql max_connections (server=" in str(finding["title"])
-    assert "of the 17 allowed" in str(finding["summary"])
+    assert "at 17 of the 17 usable (20 configured, 3 reserved)" in str(finding["summary"])
+    # Since the minute the incident began (the peak's window reaches back 2 minutes before it).
+    onset = datetime.fromisoformat(str(finding["since"]))
+    started = START_S + LEAD_IN_S
+    assert started - 180 <= onset.timestamp() <= started + 60, (finding["since"], started)
+    assert f"since {onset:%H:%M}" in str(finding["summary"])
     assert "client service's requests failing" in str(finding["summary"])
     recommendation = str(finding["recommendation"])
     assert "pooler" in recommendation and "Raising the pools will not help" in recommendation
@@ -111,7 +135,20 @@ def test_haproxy_at_its_server_maxconn_is_named_with_its_queue(prometheus_url: s
         assert "unknown" not in str(finding[key]) and "?" not in str(finding[key]), finding[key]
 
 
-@pytest.mark.parametrize("day", [0, 1], ids=["postgres", "haproxy"])
+def test_an_exporter_failing_at_the_limit_is_evidence_of_it(prometheus_url: str) -> None:
+    code, findings = _diagnose(prometheus_url, _incident(FAILING_DAY))
+    assert code == 1
+    finding = _only(findings, "resources/server-connection-limit-slo")
+    assert findings[0]["rule_id"] == "resources/server-connection-limit-slo", [f["rule_id"] for f in findings]
+    summary = str(finding["summary"])
+    # The scrapes that landed saw 16 at most; the failed ones say it was full.
+    assert "at 16 of the 17 usable" in summary, summary
+    assert "its exporter failed to read it in" in summary, summary
+    failed = [e for e in finding["evidence"] if e.get("name") == "failed"]
+    assert failed and 0 < failed[0]["value"] < 1, failed
+
+
+@pytest.mark.parametrize("day", [0, 1, FAILING_DAY], ids=["postgres", "haproxy", "postgres-failing"])
 def test_the_healthy_baseline_has_nothing_at_warning_or_above(prometheus_url: str, day: int) -> None:
     code, findings = _diagnose(prometheus_url, _baseline(day))
     assert code == 0, [(f["rule_id"], f["summary"]) for f in findings]

@@ -132,6 +132,11 @@ def test_the_slow_upstream_is_named_and_no_other(case: Case, recorded: tuple[str
     assert 0.15 < values["value"] * values["calls_per_s"] / values["rps"] < 0.3, values
     assert values["dependency_busy"] / values["server_busy"] > 0.4, values
     assert f"take {values['now_s'] * 1000:.0f} ms on average, up from {values['before_s'] * 1000:.0f} ms" in summary
+    # The onset is the minute the upstream got slow, and the baseline the window just before it.
+    onset = datetime.fromisoformat(str(finding["since"]))
+    started = starts[case.directory] + LEAD_IN_S
+    assert started <= onset.timestamp() <= started + 120, (finding["since"], started)
+    assert f"since {onset:%H:%M} (the 5m mean up to " in summary, summary
     for key in ("title", "summary", "recommendation"):
         assert "unknown" not in str(finding[key]) and "?" not in str(finding[key]), finding[key]
 
