@@ -145,6 +145,8 @@ def _missing_placeholders(rule: Rule, lint: LintInputs) -> list[str]:
         known |= {"since", "baseline_at"}
     if rule.group_by:
         labels |= set(rule.group_by)
+    if "peer" in labels:  # a database peer's address moves there when it is named by system and name
+        known.add("peer_address")
     problems = []
     for field_name in ("title", "summary", "recommendation"):
         text = optional_clauses(getattr(rule, field_name))
