@@ -51,7 +51,7 @@ CLIENT_PEER_LABELS = PEER_LABELS[:6]
 #: The port beside a peer, where the metric carries one.
 PEER_PORT_LABELS = ("server_port", "net_peer_port")
 CLIENT_TOKENS = frozenset({"client", "outbound", "upstream", "egress"})
-_SERVER_TOKENS = frozenset({"server", "handler", "inbound"})
+SERVER_TOKENS = frozenset({"server", "handler", "inbound"})
 _REQUEST_TOKENS = frozenset({"http", "request", "requests", "rpc", "grpc", "api", "handler", "route"})
 _DURATION_TOKENS = frozenset({"duration", "latency", "time", "seconds", "milliseconds", "ms"})
 _TIME_SUFFIXES = {
@@ -205,7 +205,7 @@ def side(family: Family, labels: frozenset[str]) -> str | None:
     parts = set(tokens(family.name))
     if parts & CLIENT_TOKENS:
         return "client"
-    if parts & _SERVER_TOKENS:
+    if parts & SERVER_TOKENS:
         return "server"
     if any(label in labels for label in CLIENT_PEER_LABELS):
         return "client"
