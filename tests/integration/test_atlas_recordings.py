@@ -63,12 +63,21 @@ BEDS = {
     "envoy": Bed(("envoy",), "envoy"),
     "otel-db-client": Bed(("redis-py",), "otel-semconv"),
     "otel-db-client-old": Bed(("sqlalchemy-otel",), "otel-semconv-pre-1.26-unit-suffix"),
+    # Runtimes and frameworks: HTTP servers with a 5xx burst and a latency rise (read by shape,
+    # their own status and route labels, where no catalogue entry fits their labels).
+    "prom-client": Bed(("prom-client",), "prom-client"),
+    "express-prom-bundle": Bed(("express-prom-bundle",), "express-prom-bundle"),
+    "prometheus-flask-exporter": Bed(("prometheus-flask-exporter",), ""),
+    "starlette-exporter": Bed(("starlette-exporter",), ""),
 }
 NAMES = list(BEDS)
 
 
 #: The beds driven to their limit, each alone on a day of its own after the first.
 INCIDENT_BEDS = ["mysql", "memcached", "pgbouncer-python", "pgbouncer", "pgbouncer-debian", "tomcat", "jetty", "kafka"]
+#: The runtime recordings, whose incidents share one day: each is its own service.
+RUNTIME_BEDS = ["prom-client", "express-prom-bundle", "prometheus-flask-exporter", "starlette-exporter"]
+RUNTIME_DAY = len(INCIDENT_BEDS) + 1
 
 
 def _bed_text(name: str, day: int) -> list[str]:
@@ -89,6 +98,7 @@ def _bed_text(name: str, day: int) -> list[str]:
 def prometheus_url() -> Iterator[str]:
     parts = [text for name in NAMES for text in _bed_text(name, 0)]
     parts += [text for day, name in enumerate(INCIDENT_BEDS, start=1) for text in _bed_text(name, day)]
+    parts += [text for name in RUNTIME_BEDS for text in _bed_text(name, RUNTIME_DAY)]
     with LocalPrometheus(openmetrics="".join(parts) + "# EOF\n") as prometheus:
         yield prometheus.url
 
@@ -244,3 +254,32 @@ def test_the_503s_in_front_of_a_full_mysql_fold_into_it(prometheus_url: str) -> 
     assert isinstance(evidence, list)
     folded = [e["detail"] for e in evidence if e["source"] == "engine"]
     assert folded == ["explains http/http-load-shedding: Load shedding: mysql-max-connections-service answers 503"]
+
+
+#: Where each runtime's route label holds the orders route, as the software writes it.
+ORDERS_ROUTE = {
+    "prom-client": "/api/orders/:id",
+    "express-prom-bundle": "/api/orders/#val",
+    "prometheus-flask-exporter": "/api/orders/4711",
+    "starlette-exporter": "/api/orders/{order_id}",
+}
+
+
+@pytest.fixture(scope="module")
+def runtime_incident(prometheus_url: str) -> list[dict[str, object]]:
+    code, findings = _diagnose(prometheus_url, _at(RUNTIME_DAY, LEAD_IN_S + INCIDENT_S - 30))
+    assert code == 1
+    return findings
+
+
+@pytest.mark.parametrize("name", RUNTIME_BEDS)
+def test_a_runtime_incident_reports_its_5xx_rate_and_latency_by_service_and_route(
+    runtime_incident: list[dict[str, object]], name: str
+) -> None:
+    mine = {str(f["rule_id"]): f for f in runtime_incident if _of(name, f)}
+    assert {"http/error-rate-breach", "http/latency-slo-breach"} <= set(mine), sorted(mine)
+    for rule_id in ("http/error-rate-breach", "http/latency-slo-breach"):
+        summary = str(mine[rule_id]["summary"])
+        assert summary.startswith(f"{name}: "), summary
+        assert f"route {ORDERS_ROUTE[name]}" in summary, summary
+        assert "buckets end" not in str(mine[rule_id]["recommendation"]), mine[rule_id]["recommendation"]
