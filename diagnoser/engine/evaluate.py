@@ -448,6 +448,7 @@ def _template_values(
             finite = [r.value for r in rows if r.value is not None]
             values[condition.name] = max(finite) if finite else None
             values[f"{condition.name}_count"] = len(rows)
+            values.update(_labels_beyond(condition.name, rows, labels))
             if rows and rows[0].detail:
                 values[f"{condition.name}_detail"] = rows[0].detail
         notes.extend(r.caveat for r in rows[:1] if r.caveat and r.caveat not in notes)
@@ -458,6 +459,19 @@ def _template_values(
         values["since"] = candidate.onset.since.strftime("%H:%M")
         values["baseline_at"] = candidate.onset.before.strftime("%H:%M")
     return values
+
+
+def _labels_beyond(name: str, rows: Sequence[Evidence], labels: Mapping[str, str]) -> dict[str, str]:
+    """``NAME.label`` for each label of a condition's top row that the finding itself lacks.
+
+    An evidence query grouped finer than its rule (by route, say) names where the worst of it is:
+    ``{?worst.route on {worst.route}?}``.
+    """
+    ranked = [r for r in rows if r.value is not None]
+    if not ranked:
+        return {}
+    top = max(ranked, key=lambda r: r.value if r.value is not None else float("-inf"))
+    return {f"{name}.{key}": value for key, value in top.labels.items() if key not in labels}
 
 
 def _compute(rule: Rule, values: dict[str, Any]) -> list[str]:

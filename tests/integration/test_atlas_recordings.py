@@ -63,16 +63,34 @@ BEDS = {
     "envoy": Bed(("envoy",), "envoy"),
     "otel-db-client": Bed(("redis-py",), "otel-semconv"),
     "otel-db-client-old": Bed(("sqlalchemy-otel",), "otel-semconv-pre-1.26-unit-suffix"),
+    # Runtimes and frameworks: HTTP servers with a 5xx burst and a latency rise (read by shape,
+    # their own status and route labels, where no catalogue entry fits their labels).
+    "prom-client": Bed(("prom-client",), "prom-client"),
+    "express-prom-bundle": Bed(("express-prom-bundle",), "express-prom-bundle"),
+    "prometheus-flask-exporter": Bed(("prometheus-flask-exporter",), ""),
+    "starlette-exporter": Bed(("starlette-exporter",), ""),
 }
 NAMES = list(BEDS)
+#: The HTTP latency recordings (a 1 % 5xx rate, at the SLO, and a p99 over 2 s), at their incident only.
+LATENCY_ONLY = {
+    "http-otel-new": Bed(("http-otel-new",), "otel-http"),
+    "http-otel-old": Bed(("http-otel-old",), "otel-http-old"),
+    "http-client-python": Bed(("http-client-python",), "prometheus-python-instrumentator"),
+    "http-promhttp-go": Bed(("http-promhttp-go",), "prometheus-promhttp"),
+}
+ALL_BEDS = {**BEDS, **LATENCY_ONLY}
 
 
 #: The beds driven to their limit, each alone on a day of its own after the first.
 INCIDENT_BEDS = ["mysql", "memcached", "pgbouncer-python", "pgbouncer", "pgbouncer-debian", "tomcat", "jetty", "kafka"]
+#: The runtime recordings, whose incidents share one day: each is its own service.
+RUNTIME_BEDS = ["prom-client", "express-prom-bundle", "prometheus-flask-exporter", "starlette-exporter"]
+LATENCY_BEDS = list(LATENCY_ONLY)
+RUNTIME_DAY = len(INCIDENT_BEDS) + 1
 
 
 def _bed_text(name: str, day: int) -> list[str]:
-    index = NAMES.index(name)
+    index = list(ALL_BEDS).index(name)
     return [
         incident_openmetrics(
             directory,
@@ -81,7 +99,7 @@ def _bed_text(name: str, day: int) -> list[str]:
             incident_s=INCIDENT_S,
             scrape_labels={"job": directory, "instance": f"10.0.{index}.{offset + 1}:9000"},
         ).removesuffix("# EOF\n")
-        for offset, directory in enumerate(BEDS[name].directories)
+        for offset, directory in enumerate(ALL_BEDS[name].directories)
     ]
 
 
@@ -89,6 +107,7 @@ def _bed_text(name: str, day: int) -> list[str]:
 def prometheus_url() -> Iterator[str]:
     parts = [text for name in NAMES for text in _bed_text(name, 0)]
     parts += [text for day, name in enumerate(INCIDENT_BEDS, start=1) for text in _bed_text(name, day)]
+    parts += [text for name in RUNTIME_BEDS + LATENCY_BEDS for text in _bed_text(name, RUNTIME_DAY)]
     with LocalPrometheus(openmetrics="".join(parts) + "# EOF\n") as prometheus:
         yield prometheus.url
 
@@ -137,8 +156,8 @@ TRUE_OF_THE_RECORDING_HOST = {"node": {"nodes/node-cpu-saturation"}}
 def _of(name: str, finding: dict[str, object]) -> bool:
     labels = finding["labels"]
     assert isinstance(labels, dict)
-    index = NAMES.index(name)
-    return labels.get("job") in BEDS[name].directories or str(labels.get("instance", "")).startswith(
+    index = list(ALL_BEDS).index(name)
+    return labels.get("job") in ALL_BEDS[name].directories or str(labels.get("instance", "")).startswith(
         f"10.0.{index}."
     )
 
@@ -244,3 +263,43 @@ def test_the_503s_in_front_of_a_full_mysql_fold_into_it(prometheus_url: str) -> 
     assert isinstance(evidence, list)
     folded = [e["detail"] for e in evidence if e["source"] == "engine"]
     assert folded == ["explains http/http-load-shedding: Load shedding: mysql-max-connections-service answers 503"]
+
+
+#: Where each runtime's route label holds the orders route, as the software writes it.
+ORDERS_ROUTE = {
+    "prom-client": "/api/orders/:id",
+    "express-prom-bundle": "/api/orders/#val",
+    "prometheus-flask-exporter": "/api/orders/4711",
+    "starlette-exporter": "/api/orders/{order_id}",
+    "http-otel-new": "/api/orders/{order_id}",
+    "http-otel-old": "/api/orders/{order_id}",
+    "http-client-python": "/api/orders/{order_id}",
+    "http-promhttp-go": "/api/orders/{id}",
+}
+
+
+@pytest.fixture(scope="module")
+def runtime_incident(prometheus_url: str) -> list[dict[str, object]]:
+    code, findings = _diagnose(prometheus_url, _at(RUNTIME_DAY, LEAD_IN_S + INCIDENT_S - 30))
+    assert code == 1
+    return findings
+
+
+@pytest.mark.parametrize("name", RUNTIME_BEDS)
+def test_a_runtime_incident_reports_its_5xx_rate_and_latency_by_service_and_route(
+    runtime_incident: list[dict[str, object]], name: str
+) -> None:
+    mine = {str(f["rule_id"]): f for f in runtime_incident if _of(name, f)}
+    assert {"http/error-rate-breach", "http/latency-slo-breach"} <= set(mine), sorted(mine)
+    for rule_id in ("http/error-rate-breach", "http/latency-slo-breach"):
+        summary = str(mine[rule_id]["summary"])
+        assert summary.startswith(f"{name}: "), summary
+        assert f"route {ORDERS_ROUTE[name]}" in summary, summary
+        assert "buckets end" not in str(mine[rule_id]["recommendation"]), mine[rule_id]["recommendation"]
+
+
+@pytest.mark.parametrize("name", LATENCY_BEDS)
+def test_a_latency_incident_names_the_slowest_route(runtime_incident: list[dict[str, object]], name: str) -> None:
+    [latency] = [f for f in runtime_incident if _of(name, f) and f["rule_id"] == "http/latency-slo-breach"]
+    assert f"{name}: p99 " in str(latency["summary"]), latency["summary"]
+    assert f"slowest route {ORDERS_ROUTE[name]}" in str(latency["summary"]), latency["summary"]

@@ -123,8 +123,12 @@ def test_go_grpc_prometheus_keeps_its_exact_matchers() -> None:
         ({"code": "200", "handler": "/checkout", "method": "get"}, "prometheus-promhttp"),
         # prometheus-fastapi-instrumentator: handler, and no status on the duration.
         ({"handler": "/api/catalog", "method": "GET"}, "prometheus-python-instrumentator"),
-        # prom-client / express-prom-bundle: route and status_code, neither entry's labels.
-        ({"route": "/api/orders", "status_code": "200", "method": "GET"}, None),
+        # prom-client by hand: route and status_code.
+        ({"route": "/api/orders", "status_code": "200", "method": "GET"}, "prom-client"),
+        # express-prom-bundle: path and status_code.
+        ({"path": "/api/orders/#val", "status_code": "200", "method": "GET"}, "express-prom-bundle"),
+        # A hand-written one: status, no entry's labels (read by shape).
+        ({"path": "/api/orders", "status": "200", "method": "GET"}, None),
     ],
 )
 def test_two_conventions_for_one_family_the_labels_decide(
