@@ -153,6 +153,8 @@ def _missing_placeholders(rule: Rule, lint: LintInputs) -> list[str]:
         for _, name, _, _ in string.Formatter().parse(text):
             if name is None or name in known or name in labels:
                 continue
+            if name.partition(".")[0] in named:  # a label of a named condition's top row, optional
+                continue
             problems.append(
                 f"{rule.path}: rule {rule.id}: field {field_name}: {{{name}}} may be missing from the "
                 f"series (sure to be there: {', '.join(sorted(labels))}); use {{subject}} or a named value"
