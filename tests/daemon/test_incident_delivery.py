@@ -241,7 +241,7 @@ async def test_the_json_webhook_classifies_its_documented_status_codes(
 
     http = BackgroundHTTPServer(Receiver, name="json-receiver").start()
     try:
-        sender = JsonWebhookSender(f"http://127.0.0.1:{http.port}/hook")
+        sender = JsonWebhookSender(f"http://127.0.0.1:{http.port}/hook", allowed_addresses=["127.0.0.1"])
         with pytest.raises(WebhookSendError) as caught:
             await sender.post(WebhookMessage("text"), marker="dgn-1-a")
     finally:

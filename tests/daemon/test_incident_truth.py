@@ -88,7 +88,8 @@ async def test_an_opaque_label_changing_every_evaluation_is_one_post_to_the_webh
 ) -> None:
     job = "truth-conn"
     settings = daemon_settings(tmp_path, live_prometheus.url, job, **timing(pending_for_s=2.5))
-    hook = {"name": "bridge", "type": "webhook", "url": slack.webhook_url, "messages_per_s": 10}
+    hook = {"name": "bridge", "type": "webhook", "url": slack.webhook_url, "messages_per_s": 10,
+            "allowed_addresses": ["127.0.0.1"]}
     settings = settings.model_copy(update={"notify": NotifySettings.model_validate({"receivers": [hook]})})
     write_backend_rule(tmp_path / f"rules-{job}", job)
     daemon = Daemon(settings)

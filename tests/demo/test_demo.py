@@ -199,7 +199,16 @@ def test_one_top_level_message_per_incident_and_the_channel_last(demo: DemoRun) 
     assert top <= 4, headers
     assert edits >= 1  # changes were edits in place, not new posts
     assert replies >= 1
-    assert "CRITICAL: CONNECTION_POOL_EXHAUSTION" in channel or "RESOLVED: CONNECTION_POOL_EXHAUSTION" in channel
+    # The pool's thread ends naming its cause: still exhausted, resolved, or (back after the restart
+    # with the pool not saturated) the symptom leading with the cause said to be not seen now.
+    assert any(
+        header in channel
+        for header in (
+            "CRITICAL: CONNECTION_POOL_EXHAUSTION",
+            "RESOLVED: CONNECTION_POOL_EXHAUSTION",
+            "CONNECTION_POOL_EXHAUSTION NOT SEEN NOW",
+        )
+    ), channel
 
 
 def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:

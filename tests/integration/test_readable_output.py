@@ -36,7 +36,7 @@ def test_demo_table_fits_80_columns_and_never_splits_a_url(incident_prometheus: 
     assert "runbook  pools/pool-exhaustion.md" in out
     assert "runbooks: https://github.com/diagnoser/diagnoser/blob/main/rules/<runbook>" in out
     # Each measurement named, with its unit; the wrapped lines read as one sentence.
-    assert ("evidence 100 % (threshold 95 %), waiting: 30 requests waiting for a connection (threshold 0),"
+    assert ("evidence connection pool exhaustion: 100 % (threshold 95 %), waiting: 30 requests waiting for a connection (threshold 0),"
             " limit: 10, in use: 10") in " ".join(out.split())
 
 

@@ -339,9 +339,17 @@ def test_candidates_are_every_duration_family_and_the_unclaimed_limit_families()
 def test_resource_queries_read_the_peak_between_scrapes_and_sum_to_the_resource_labels() -> None:
     [resource] = [r for r in load_catalogue().resources if r.how == "postgres-exporter"]
     by = "by (namespace, job, instance, server)"
+    usable = "(pg_settings_max_connections - pg_settings_superuser_reserved_connections)"
+    # PostgreSQL 16's reserved_connections is taken off where the series exists, never required.
+    limit = f"({usable} - ((pg_settings_reserved_connections) or {usable} * 0))"
+    peak = f"max_over_time((sum {by} (pg_stat_activity_count) / (max {by} {limit} > 0))[2m:15s])"
+    target = "by (namespace, job, instance)"
+    # A scrape the exporter failed counts as one at the limit when the landed ones came near it.
+    failed = (
+        f"max_over_time(((max {target} (pg_up) < bool 1) or (max {target} (up) < bool 1))[2m:15s])"
+    )
     assert resource_query(resource, "peak", "2m", "15s", 0.95) == (
-        f"max_over_time((sum {by} (pg_stat_activity_count) / (max {by} "
-        "(pg_settings_max_connections - pg_settings_superuser_reserved_connections) > 0))[2m:15s])"
+        f"(({peak} >= 0.75) * 0 + on (namespace, job, instance) group_left {failed} > 0) or {peak}"
     )
     assert resource_query(resource, "queued", "2m", "15s", 0.95) is None
     assert resource_query(resource, "pressure", "2m", "15s", 0.95) is None
