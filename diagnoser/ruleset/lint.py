@@ -33,7 +33,7 @@ from diagnoser.ruleset.templating import (
     resolve_placeholders,
 )
 from diagnoser.signals import Catalogue, load_catalogue
-from diagnoser.signals.expand import grouping_labels_of
+from diagnoser.signals.expand import DERIVED_LABELS, grouping_labels_of
 from diagnoser.sources.prometheus import PrometheusSource
 
 if TYPE_CHECKING:
@@ -145,8 +145,7 @@ def _missing_placeholders(rule: Rule, lint: LintInputs) -> list[str]:
         known |= {"since", "baseline_at"}
     if rule.group_by:
         labels |= set(rule.group_by)
-    if "peer" in labels:  # a database peer's address moves there when it is named by system and name
-        known.add("peer_address")
+    known |= {derived for label in labels for derived in DERIVED_LABELS.get(label, ())}
     problems = []
     for field_name in ("title", "summary", "recommendation"):
         text = optional_clauses(getattr(rule, field_name))

@@ -32,6 +32,7 @@ from diagnoser.signals.catalogue import Catalogue, Convention, Form
 from diagnoser.signals.holdings import Holdings, resolve
 
 __all__ = [
+    "DERIVED_LABELS",
     "Expansion",
     "expansions",
     "grouping_labels_of",
@@ -202,6 +203,9 @@ DATABASE_LABELS: dict[str, tuple[str, ...]] = {
     "db_system": ("db_system_name", "db_system"),
     "db_name": ("db_namespace", "db_name"),
 }
+#: Labels the normalisation derives from another one a rule groups by: a database peer named by
+#: system and name keeps its address as ``peer_address`` (:func:`_database_labels`).
+DERIVED_LABELS: dict[str, tuple[str, ...]] = {"peer": ("peer_address",)}
 
 
 def _source_labels(convention: Convention, label: str) -> str | tuple[str, ...]:
