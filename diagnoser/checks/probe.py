@@ -11,13 +11,14 @@ sum of them with ``+``; ``per`` divides it by a count to make a ratio::
 
 ``status_counts.<status>`` counts the answers with one status (``status_counts.503``, or for a
 gRPC target ``status_counts.UNAVAILABLE``), 0 when none had it; its ``detail`` lists every status
-seen. Besides the result's own fields, ``error_ratio`` (every failure kind over finished requests)
-and ``handshake_share_p99`` (connect + TLS over the slowest requests' time on the wire, the
-probe's own schedule lag left out) are available. Field names are checked when the rule loads,
-so a typo is a rule error. The check holds with one evidence row (labels ``target`` and
-``host``); for ``failures.*`` fields its ``detail`` quotes the sampled responses of those kinds,
-so a report shows the body that was wrong. With no probe run (``ctx.sources.probe`` is
-``None``) the rule is skipped.
+seen. Besides the result's own fields, ``error_ratio`` (every failure kind over finished
+requests), ``handshake_share_p50`` (the median connect + TLS over the median time on the wire: what
+a typical request pays for opening its connection) and ``handshake_share_p99`` (connect + TLS over
+the slowest requests' time on the wire, the probe's own schedule lag left out) are available. Field
+names are checked when the rule loads, so a typo is a rule error. The check holds with one evidence
+row (labels ``target`` and ``host``); for ``failures.*`` fields its ``detail`` quotes the sampled
+responses of those kinds, so a report shows the body that was wrong. With no probe run
+(``ctx.sources.probe`` is ``None``) the rule is skipped.
 
 ``min_requests`` keeps a run too small to judge from holding, with one exception: a run the probe
 stopped on its own error ratio (:attr:`~diagnoser.probe.ProbeResult.aborted_on_errors`, after
@@ -57,13 +58,33 @@ def _handshake_share(result: ProbeResult) -> float:
     return (shares.connect + shares.tls) / wire if wire > 0 else 0.0
 
 
+def _median_handshake_share(result: ProbeResult) -> float:
+    """The median connect + TLS over the median time on the wire, at most 1.
+
+    A typical request, not the slowest: with a few dozen requests the p99 is one request, and on a
+    busy host that one is wherever the scheduler stalled, so its split says nothing about
+    handshakes. Connection reuse is a cost every request pays or none does, which the median shows.
+    """
+    phases = result.phases_ms
+    handshake = (phases.connect.p50 or 0.0) + (phases.tls.p50 or 0.0)
+    wire = result.service_time_ms.p50
+    return min(1.0, handshake / wire) if wire else 0.0
+
+
 _DERIVED: dict[str, Callable[[ProbeResult], float]] = {
     "error_ratio": lambda r: r.error_ratio,
+    "handshake_share_p50": _median_handshake_share,
     "handshake_share_p99": _handshake_share,
 }
 _COUNTS = ("sent", "completed", "finished")
 #: Fields that describe connection behaviour: never judged below their minimum, abort or not.
-_CONNECTION_FIELDS = ("phase_share_p99", "handshake_share_p99", "connections_opened", "phases_ms")
+_CONNECTION_FIELDS = (
+    "phase_share_p99",
+    "handshake_share_p50",
+    "handshake_share_p99",
+    "connections_opened",
+    "phases_ms",
+)
 _STATUS_PREFIX = "status_counts."
 _EXAMPLE_BODY_CHARS = 200
 
