@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from diagnoser.errors import NotationError
 from diagnoser.testing.remote_write import NativeSample
@@ -143,8 +143,22 @@ _LABEL = re.compile(r'\s*(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*"(?P<value>(?:[^"
 
 @dataclass(frozen=True)
 class SeriesSpec:
+    """A series by name and sorted labels; its hash is computed once (a backfill of millions of
+    samples keys dictionaries by series, and a tuple of label pairs re-hashes on every lookup)."""
+
     name: str
     labels: tuple[tuple[str, str], ...]
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.labels)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[SeriesSpec], tuple[str, tuple[tuple[str, str], ...]]]:
+        # String hashes differ between processes: a copy sent to another one hashes anew.
+        return SeriesSpec, (self.name, self.labels)
 
     def openmetrics_name(self) -> str:
         if not self.labels:
@@ -180,28 +194,46 @@ def parse_series(text: str) -> SeriesSpec:
     return SeriesSpec(match["name"], tuple(sorted(labels.items())))
 
 
-def to_openmetrics(samples: Iterable[tuple[SeriesSpec, float, float]]) -> str:
+def to_openmetrics(
+    samples: Iterable[tuple[SeriesSpec, float, float]], labels: Mapping[str, str] | None = None
+) -> str:
     """OpenMetrics text for ``(series, timestamp_s, value)`` samples, ending with ``# EOF``.
 
     Samples are grouped by metric family and ordered by time within a series: promtool drops
     out-of-order samples silently. Types are left unknown so any sample name is accepted.
+    ``labels`` are set on every series as it is written (another ``job`` for a copy of a bed),
+    which costs a lookup per sample rather than a new series per sample.
     """
-    by_family: dict[str, dict[SeriesSpec, dict[float, float]]] = {}
+    renamed: dict[SeriesSpec, SeriesSpec] = {}
+    by_series: dict[SeriesSpec, dict[float, float]] = {}
     for spec, timestamp, value in samples:
-        by_family.setdefault(spec.name, {}).setdefault(spec, {})[timestamp] = value
+        if labels:
+            target = renamed.get(spec)
+            if target is None:
+                merged = tuple(sorted({**dict(spec.labels), **labels}.items()))
+                target = renamed[spec] = SeriesSpec(spec.name, merged)
+            spec = target
+        points = by_series.get(spec)
+        if points is None:
+            points = by_series[spec] = {}
+        points[timestamp] = value
     lines: list[str] = []
-    for family in sorted(by_family):
-        for spec in sorted(by_family[family], key=lambda s: s.labels):
-            name = spec.openmetrics_name()
-            for timestamp, value in sorted(by_family[family][spec].items()):
-                lines.append(f"{name} {_format_value(value)} {timestamp:.3f}")
+    for spec in sorted(by_series, key=lambda s: (s.name, s.labels)):
+        prefix = spec.openmetrics_name() + " "
+        lines.extend(
+            f"{prefix}{value!r} {timestamp:.3f}"
+            if math.isfinite(value)
+            else f"{prefix}{_format_value(value)} {timestamp:.3f}"
+            for timestamp, value in sorted(by_series[spec].items())
+        )
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
 
+#: What ``repr`` spells differently from OpenMetrics.
+_SPECIAL_VALUES = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
+
+
 def _format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+    text = repr(float(value))
+    return _SPECIAL_VALUES.get(text, text)

@@ -37,7 +37,7 @@ from diagnoser.engine import evaluate
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli_here, shared_bed
 from tests.fixtures.expositions.timeline import HERE, Timeline, incident_timeline
-from tests.fixtures.variations import VARIATIONS, Variation, relabelled
+from tests.fixtures.variations import VARIATIONS, Variation
 
 pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
@@ -103,13 +103,15 @@ def _timelines(bed: Bed) -> list[Timeline]:
 
 
 def _varied(timelines: list[Timeline], variation: Variation) -> list[Timeline]:
-    copies = [
-        relabelled(t, job=f"{dict(t.samples[0][0].labels)['job']}{SEPARATOR}{variation.name}") for t in timelines
-    ]
     if variation.name == "1-in-5-scrapes-missing":
         # Only the saturated exporter (the bed's first target) fails its scrapes.
-        return [variation.transform(copies[0]), *copies[1:]]
-    return [variation.transform(t) for t in copies]
+        return [variation.transform(timelines[0]), *timelines[1:]]
+    return [variation.transform(t) for t in timelines]
+
+
+def _copy_labels(timeline: Timeline, variation: Variation) -> dict[str, str]:
+    """The labels of this variation's copy: a job of its own, set as the copy is written."""
+    return {"job": f"{dict(timeline.samples[0][0].labels)['job']}{SEPARATOR}{variation.name}"}
 
 
 def _instant(at_s: float) -> str:
@@ -149,7 +151,7 @@ def replay() -> Iterator[Replay]:
             for timeline in _varied(recorded, variation):
                 if variation.name == "2h-incident":
                     long_end = max(long_end, timeline.end_s)
-                parts.append(timeline.openmetrics().removesuffix("# EOF\n"))
+                parts.append(timeline.openmetrics(_copy_labels(timeline, variation)).removesuffix("# EOF\n"))
     text = "".join(parts) + "# EOF\n"
     del parts
     end = INCIDENT_AT + INCIDENT_S
