@@ -11,7 +11,10 @@ Two ways in, chosen from :class:`~diagnoser.config.SlackSettings`:
 - an incoming webhook URL through ``AsyncWebhookClient`` (any URL: Slack, or a Slack-compatible
   receiver such as a Mattermost incoming webhook); no threads, and nothing can be read back.
 
-One call is one HTTP request: no retries, no sleeping here. Every failure is raised as one
+One call is one HTTP request: no retries, no sleeping here, and no redirect followed (Slack's Web
+API and its incoming webhooks never redirect; a 3xx, from a proxy or a moved endpoint, is a
+refusal naming where it pointed, as every receiver's redirect is: :mod:`diagnoser.notify.outbound`).
+Every failure is raised as one
 :class:`SlackSendError` saying what the caller (the outbox, :mod:`diagnoser.notify.delivery`)
 needs to decide: ``permanent`` when resending cannot help (the message, the channel or the
 credentials were refused), ``retry_after`` when Slack asked to wait (a 429), ``in_doubt`` when the
@@ -25,7 +28,8 @@ request may have been processed (a timeout or a 5xx after it was sent). ::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -35,6 +39,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from diagnoser.config import SlackSettings
 from diagnoser.errors import SlackSendError
+from diagnoser.notify.outbound import redirect_refusal
 from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
 from diagnoser.notify.slack import SlackMessage, escape
 from diagnoser.redact import redact_url, scrub
@@ -135,6 +140,18 @@ def _is_permanent(error: str) -> bool:
     return error in _LAYOUT_ERRORS or error in _REFUSED_ERRORS
 
 
+async def _refuse_redirect(
+    session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestRedirectParams
+) -> None:
+    """aiohttp's redirect hook: a redirect is refused before it is followed (nothing re-sent)."""
+    response = params.response
+    _, refusal = redirect_refusal(
+        str(params.url), response.status, response.headers.get("Location"), follow=False
+    )
+    response.release()
+    raise SlackSendError(f"Slack at {refusal}", permanent=True, error=f"http_{response.status}")
+
+
 class SlackSender:
     """Posts :class:`SlackMessage` values; build it with :meth:`from_settings`."""
 
@@ -148,6 +165,7 @@ class SlackSender:
         self.channel_id: str | None = (
             settings.channel if settings.channel and _CHANNEL_ID.match(settings.channel) else None
         )
+        self._timeout_s = timeout
         self._web: AsyncWebClient | None = None
         self._webhook: AsyncWebhookClient | None = None
         # Slack's limit is about one message per second per channel: calls wait for their turn.
@@ -172,6 +190,37 @@ class SlackSender:
         if settings.token is None and settings.webhook_url is None:
             return None
         return cls(settings)
+
+    @asynccontextmanager
+    async def _web_client(self) -> AsyncIterator[AsyncWebClient]:
+        """The Web API client for one call, on a session refusing redirects (slack-sdk's own
+        session follows them: a 307 would re-send the message, token included, elsewhere).
+
+        One session per call, as slack-sdk makes when given none; one client per call too,
+        since calls may overlap and a client holds its session."""
+        assert self._web is not None
+        async with self._session() as session:
+            yield AsyncWebClient(
+                token=self._web.token, base_url=self._web.base_url, timeout=self._web.timeout,
+                retry_handlers=[], session=session,
+            )  # fmt: skip
+
+    @asynccontextmanager
+    async def _webhook_client(self) -> AsyncIterator[AsyncWebhookClient]:
+        """The incoming webhook's client for one call, on a session refusing redirects."""
+        assert self._webhook is not None
+        async with self._session() as session:
+            yield AsyncWebhookClient(
+                self._webhook.url, timeout=self._webhook.timeout, retry_handlers=[], session=session
+            )
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
+        trace = aiohttp.TraceConfig()
+        trace.on_request_redirect.append(_refuse_redirect)
+        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout, trace_configs=[trace]) as session:
+            yield session
 
     @property
     def capabilities(self) -> Capabilities:
@@ -220,10 +269,11 @@ class SlackSender:
         message = _on_the_wire(message)
         await self._bucket.take()
         try:
-            where = channel or await self._resolve_channel()
-            response = await self._web.chat_update(
-                channel=where, ts=ts, text=message.text, blocks=message.blocks or [],
-            )
+            async with self._web_client() as web:
+                where = channel or await self._resolve_channel(web)
+                response = await web.chat_update(
+                    channel=where, ts=ts, text=message.text, blocks=message.blocks or [],
+                )
         except SlackSendError:
             raise
         except Exception as exc:
@@ -240,43 +290,48 @@ class SlackSender:
         if self._web is None:
             raise SlackSendError("an incoming webhook cannot be read back", permanent=True)
         try:
-            channel = await self._resolve_channel()
-            cursor: str | None = None
-            for _ in range(5):  # 5 pages of 200: far more than one outage's worth of posts
-                args: dict[str, Any] = {
-                    "channel": channel,
-                    "oldest": f"{max(0.0, since - 1):.6f}",
-                    "include_all_metadata": True,
-                    "limit": 200,
-                }
-                if cursor:
-                    args["cursor"] = cursor
-                if thread_ts:
-                    response = await self._web.conversations_replies(ts=thread_ts, **args)
-                else:
-                    response = await self._web.conversations_history(**args)
-                for item in response.get("messages") or []:
-                    metadata = item.get("metadata") or {}
-                    payload = metadata.get("event_payload") or {}
-                    if metadata.get("event_type") == MARKER_EVENT_TYPE and payload.get("marker") == marker:
-                        return SlackDelivery(channel, str(item.get("ts")))
-                cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
-                if not cursor:
-                    break
+            async with self._web_client() as web:
+                return await self._find(web, marker, thread_ts=thread_ts, since=since)
         except SlackSendError:
             raise
         except Exception as exc:
             raise _classified(exc, scope="read_back") from exc
+
+    async def _find(
+        self, web: AsyncWebClient, marker: str, *, thread_ts: str | None, since: float
+    ) -> SlackDelivery | None:
+        channel = await self._resolve_channel(web)
+        cursor: str | None = None
+        for _ in range(5):  # 5 pages of 200: far more than one outage's worth of posts
+            args: dict[str, Any] = {
+                "channel": channel,
+                "oldest": f"{max(0.0, since - 1):.6f}",
+                "include_all_metadata": True,
+                "limit": 200,
+            }
+            if cursor:
+                args["cursor"] = cursor
+            if thread_ts:
+                response = await web.conversations_replies(ts=thread_ts, **args)
+            else:
+                response = await web.conversations_history(**args)
+            for item in response.get("messages") or []:
+                metadata = item.get("metadata") or {}
+                payload = metadata.get("event_payload") or {}
+                if metadata.get("event_type") == MARKER_EVENT_TYPE and payload.get("marker") == marker:
+                    return SlackDelivery(channel, str(item.get("ts")))
+            cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
         return None
 
-    async def _resolve_channel(self) -> str:
+    async def _resolve_channel(self, web: AsyncWebClient) -> str:
         if self.channel_id is not None:
             return self.channel_id
-        assert self._web is not None
         name = (self.settings.channel or "").lstrip("#")
         cursor: str | None = None
         for _ in range(20):
-            response = await self._web.conversations_list(
+            response = await web.conversations_list(
                 types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor
             )
             for channel in response.get("channels") or []:
@@ -294,19 +349,19 @@ class SlackSender:
     async def _post_web(
         self, message: SlackMessage, thread_ts: str | None, marker: str | None
     ) -> SlackDelivery:
-        assert self._web is not None
         metadata = (
             {"event_type": MARKER_EVENT_TYPE, "event_payload": {"marker": marker}} if marker else None
         )
-        response = await self._web.chat_postMessage(
-            channel=self.settings.channel or "",
-            text=message.text,
-            blocks=message.blocks or None,
-            thread_ts=thread_ts,
-            unfurl_links=False,
-            unfurl_media=False,
-            metadata=metadata,
-        )
+        async with self._web_client() as web:
+            response = await web.chat_postMessage(
+                channel=self.settings.channel or "",
+                text=message.text,
+                blocks=message.blocks or None,
+                thread_ts=thread_ts,
+                unfurl_links=False,
+                unfurl_media=False,
+                metadata=metadata,
+            )
         ts = response.get("ts")
         channel = response.get("channel")
         if channel:
@@ -314,10 +369,10 @@ class SlackSender:
         return SlackDelivery(str(channel) if channel else self.settings.channel, str(ts) if ts else None)
 
     async def _post_webhook(self, message: SlackMessage) -> SlackDelivery:
-        assert self._webhook is not None
-        response = await self._webhook.send(
-            text=message.text, blocks=message.blocks or None, unfurl_links=False, unfurl_media=False
-        )
+        async with self._webhook_client() as webhook:
+            response = await webhook.send(
+                text=message.text, blocks=message.blocks or None, unfurl_links=False, unfurl_media=False
+            )
         status = response.status_code
         if status != 200:
             body = (response.body or "").strip()[:200]

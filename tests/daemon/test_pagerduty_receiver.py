@@ -48,7 +48,7 @@ def store(tmp_path: Path) -> Iterator[StateStore]:
 def receiver(pd: PagerDutyFixtureServer, **extra: object) -> PagerDutyReceiver:
     config = PagerDutyConfig.model_validate(
         {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pd.events_url,
-         "messages_per_s": 50, "message_burst": 50, **extra}
+         "allowed_addresses": ["127.0.0.1"], "messages_per_s": 50, "message_burst": 50, **extra}
     )
     return PagerDutyReceiver(config)
 

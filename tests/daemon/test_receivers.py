@@ -42,7 +42,7 @@ def notify(slack: SlackFixtureServer, pd: PagerDutyFixtureServer) -> NotifySetti
         {"name": "oncall", "type": "slack", "token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
          "messages_per_s": 50, "message_burst": 50},
         {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pd.events_url,
-         "match": {"severity": "critical", "service": ["checkout"]}, "messages_per_s": 50, "message_burst": 50},
+         "allowed_addresses": ["127.0.0.1"], "match": {"severity": "critical", "service": ["checkout"]}, "messages_per_s": 50, "message_burst": 50},
     ]})  # fmt: skip
 
 
@@ -178,6 +178,7 @@ async def test_the_daemon_fans_out_to_every_configured_receiver(
             {"name": "oncall", "type": "slack", "token": slack.token, "channel": "#oncall",
              "base_url": slack.api_url, "timeout_s": 1, "messages_per_s": 10, "message_burst": 5},
             {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pagerduty.events_url,
+             "allowed_addresses": ["127.0.0.1"],
              "timeout_s": 1, "match": {"severity": "critical"}},
         ],
     })})  # fmt: skip

@@ -27,13 +27,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from diagnoser.config import DeliverySettings, Match, NotifySettings, Route, SlackSettings
+from diagnoser.config.addresses import parse_networks
 from diagnoser.errors import ConfigError, SendError
 from diagnoser.notify.sender import Receiver
 
 __all__ = [
+    "OutboundConfig",
     "ReceiverConfig",
     "ReceiverType",
     "build_receivers",
@@ -59,6 +61,29 @@ class ReceiverConfig(BaseModel):
     #: Messages per second to it, and how many may go at once (calls wait for their turn).
     messages_per_s: float = Field(default=1.0, gt=0, le=50)
     message_burst: int = Field(default=2, ge=1, le=50)
+
+
+class OutboundConfig(ReceiverConfig):
+    """The address and redirect rules' settings (:mod:`diagnoser.notify.outbound`) a receiver
+    that POSTs to a configured URL has."""
+
+    #: Follow a redirect on the same host (the payload POSTed again); else a redirect is refused.
+    follow_redirects: bool = False
+    #: Addresses or networks (``10.0.0.0/8``, ``127.0.0.1``) besides public ones the receiver may
+    #: reach; a cloud metadata or link-local address only when listed as itself.
+    allowed_addresses: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_addresses")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        parse_networks(value)
+        return value
+
+    def url_refusal(self, url: str) -> str | None:
+        """Why ``url``, when its host is an address, is refused at load (a name: at each send)."""
+        from diagnoser.notify.outbound import literal_refusal  # the HTTP client loads where it sends
+
+        return literal_refusal(url, parse_networks(self.allowed_addresses))
 
 
 @dataclass(frozen=True)
@@ -202,4 +227,3 @@ def build_receivers(configs: Sequence[ReceiverConfig]) -> list[Receiver[Any]]:
 def routes(configs: Sequence[ReceiverConfig]) -> list[Route]:
     """What the state store routes by: each receiver's name and match."""
     return [Route(name=c.name, match=c.match) for c in configs]
-

@@ -13,7 +13,10 @@ The wire format is PagerDuty's documented one: ``POST {events_url}`` (default
 "custom_details"}, "links", "client"}``; ``202 {"status": "success", "dedup_key": ...}`` is
 delivered, ``400`` (an invalid event) refuses that event, ``429`` and ``5xx`` are retried with
 backoff (PagerDuty documents no ``Retry-After``; one sent is kept), ``401``/``403`` from a proxy
-in front too, until ``notify.delivery.dead_letter_after_s``. ::
+in front too, until ``notify.delivery.dead_letter_after_s``. Where it sends obeys the address and
+redirect rules every receiver does (:mod:`diagnoser.notify.outbound`): a redirect is refused
+unless ``follow_redirects`` (then the same host only), and an ``events_url`` that is or resolves
+to a private address needs it in ``allowed_addresses`` (a proxy or a relay inside the network). ::
 
     notify:
       receivers:
@@ -29,15 +32,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from diagnoser.config.sections import http_url
 from diagnoser.errors import PagerDutySendError
 from diagnoser.models import Severity
+from diagnoser.notify.outbound import GuardedPoster
 from diagnoser.notify.outbox import NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import IncidentPayload
-from diagnoser.notify.receivers import ReceiverConfig, receiver_type
-from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket, post_json
+from diagnoser.notify.receivers import OutboundConfig, receiver_type
+from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
 from diagnoser.redact import redact_url, scrub
 
 __all__ = ["PagerDutyConfig", "PagerDutyEvent", "PagerDutyReceiver", "dedup_key", "render_event"]
@@ -48,7 +52,7 @@ _SEVERITY = {Severity.critical: "critical", Severity.warning: "warning", Severit
 _TRIGGERS = frozenset({NotificationKind.new, NotificationKind.reopened})
 
 
-class PagerDutyConfig(ReceiverConfig):
+class PagerDutyConfig(OutboundConfig):
     """The Events API v2 integration key of a PagerDuty service, and where to send."""
 
     routing_key: SecretStr
@@ -63,6 +67,13 @@ class PagerDutyConfig(ReceiverConfig):
     @classmethod
     def _http(cls, value: str) -> str:
         return http_url(value, "PagerDuty events URL")
+
+    @model_validator(mode="after")
+    def _literal_address_allowed(self) -> PagerDutyConfig:
+        refusal = self.url_refusal(self.events_url)
+        if refusal is not None:
+            raise ValueError(f"PagerDuty events URL refused: {refusal}")
+        return self
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,10 @@ class PagerDutyReceiver:
         self.config = config
         self.channel_id: str | None = None
         self._bucket = TokenBucket(config.messages_per_s, config.message_burst)
+        self._poster = GuardedPoster(
+            config.events_url, error=PagerDutySendError, what="PagerDuty", timeout_s=config.timeout_s,
+            follow_redirects=config.follow_redirects, allowed_addresses=config.allowed_addresses,
+        )  # fmt: skip
 
     @property
     def capabilities(self) -> Capabilities:
@@ -200,8 +215,7 @@ class PagerDutyReceiver:
 
     async def _send(self, body: dict[str, Any]) -> Delivery:
         await self._bucket.take()
-        reply = await post_json(self.config.events_url, body, timeout_s=self.config.timeout_s,
-                                error=PagerDutySendError, what="PagerDuty")  # fmt: skip
+        reply = await self._poster.post(body)
         status, text = reply.status, reply.text
         answer = _json(text)
         if 200 <= status < 300:

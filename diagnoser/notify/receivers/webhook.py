@@ -16,38 +16,30 @@ are retried with backoff, 401/403 too (credentials being rotated) until
     sender = JsonWebhookSender("https://hooks.example/diagnoser", timeout_s=10)
     await sender.post(WebhookMessage("text"), marker="dgn-1-a1b2")
 
-Where it sends is checked as the probe's targets are, and stricter: the URL's address and every
-address its name resolves to, at each connection (:class:`AddressGuard`, so a name that resolves
-elsewhere later is caught too), must be public unless ``allowed_addresses`` lists it or its
-network; a cloud metadata or link-local address needs itself listed
-(:func:`~diagnoser.config.addresses.outbound_refusal`). A redirect (301, 302, 303, 307, 308) is
-not followed unless ``follow_redirects`` is set, and then only on the same host (``http`` to
-``https`` allowed, never back), the payload POSTed again, at most :data:`MAX_REDIRECTS` times;
-one not followed is a refusal (dead-lettered, never counted as sent). Errors name the receiver's
-origin only (``https://hooks.example``): the path, the query and the ``headers`` of a webhook
-URL are its secret, and reach neither the state file's ``last_error`` nor logs nor metrics.
+Where it sends obeys the rules of :mod:`diagnoser.notify.outbound`, as every receiver's does:
+the URL's address and every address its name resolves to must be public unless
+``allowed_addresses`` lists them; a redirect is not followed unless ``follow_redirects`` is set
+(then the same host only, never ``https`` to ``http``), and one not followed is a refusal
+(dead-lettered, never counted as sent). Errors name the receiver's origin only
+(``https://hooks.example``): the path, the query and the ``headers`` of a webhook URL are its
+secret, and reach neither the state file's ``last_error`` nor logs nor metrics.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urljoin, urlsplit
 
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from diagnoser.config.addresses import IPNetwork, outbound_refusal, parse_networks
 from diagnoser.config.sections import http_url
 from diagnoser.errors import WebhookSendError
+from diagnoser.notify.outbound import MAX_REDIRECTS, AddressGuard, GuardedPoster, origin
 from diagnoser.notify.outbox import OutboxEntry, render_entry, render_reply
-from diagnoser.notify.receivers import ReceiverConfig, receiver_type
-from diagnoser.notify.sender import Capabilities, Delivery, HttpAnswer, TokenBucket, post_json
+from diagnoser.notify.receivers import OutboundConfig, receiver_type
+from diagnoser.notify.sender import Capabilities, Delivery, HttpAnswer, TokenBucket
 from diagnoser.redact import scrub
 
 __all__ = [
@@ -81,15 +73,10 @@ def render_webhook(entry: OutboxEntry, *, reply: bool = False) -> WebhookMessage
     return None if message is None else WebhookMessage(message.text, message.blocks)
 
 
-class WebhookConfig(ReceiverConfig):
+class WebhookConfig(OutboundConfig):
     url: SecretStr
     #: Headers sent with every POST (an ``Authorization`` the receiver wants); secret.
     headers: dict[str, SecretStr] = Field(default_factory=dict)
-    #: Follow a redirect on the same host (the payload POSTed again); else a redirect is refused.
-    follow_redirects: bool = False
-    #: Addresses or networks (``10.0.0.0/8``, ``127.0.0.1``) besides public ones the webhook may
-    #: reach; a cloud metadata or link-local address only when listed as itself.
-    allowed_addresses: list[str] = Field(default_factory=list)
 
     @field_validator("url")
     @classmethod
@@ -97,68 +84,12 @@ class WebhookConfig(ReceiverConfig):
         http_url(value.get_secret_value(), "webhook URL")
         return value
 
-    @field_validator("allowed_addresses")
-    @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
-        parse_networks(value)
-        return value
-
     @model_validator(mode="after")
     def _literal_address_allowed(self) -> WebhookConfig:
-        # A URL whose host is an address is judged at load; a name, where it resolves, at each send.
-        host = (urlsplit(self.url.get_secret_value()).hostname or "").strip("[]")
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            return self
-        refusal = outbound_refusal(host, parse_networks(self.allowed_addresses))
+        refusal = self.url_refusal(self.url.get_secret_value())
         if refusal is not None:
             raise ValueError(f"webhook URL refused: {refusal}")
         return self
-
-
-#: Redirects followed per message, with ``follow_redirects``.
-MAX_REDIRECTS = 3
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-class AddressGuard(AbstractResolver):
-    """aiohttp's resolver, refusing a name when any address it resolves to is not allowed.
-
-    Every address, not only the first: a name that answers with a public address and a
-    private one would otherwise reach the private one on a retry or a reconnect.
-    """
-
-    def __init__(self, allowed: list[IPNetwork]) -> None:
-        self.allowed = allowed
-        self._resolver = ThreadedResolver()
-        #: The last refusal, for the error the sender raises.
-        self.refused: str | None = None
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._resolver.resolve(host, port, family)
-        for result in results:
-            refusal = outbound_refusal(result["host"], self.allowed)
-            if refusal is not None:
-                self.refused = f"{host!r} resolves to {refusal}"
-                raise OSError(self.refused)  # aiohttp reports it as a failed name lookup
-        return results
-
-    async def close(self) -> None:
-        await self._resolver.close()
-
-
-def origin(url: str) -> str:
-    """``scheme://host[:port]`` of ``url``: how errors name a webhook (its path may be its secret)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or "?"
-        host = f"[{host}]" if ":" in host else host
-        return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-    except ValueError:
-        return "an unparsable URL"
 
 
 class JsonWebhookSender:
@@ -179,8 +110,10 @@ class JsonWebhookSender:
         self.timeout_s = timeout_s
         self.channel_id: str | None = None
         self.headers = dict(headers or {})
-        self.follow_redirects = follow_redirects
-        self.allowed = parse_networks(allowed_addresses)
+        self._poster = GuardedPoster(
+            url, error=WebhookSendError, what="webhook", timeout_s=timeout_s, headers=self.headers,
+            follow_redirects=follow_redirects, allowed_addresses=allowed_addresses, keep=200,
+        )  # fmt: skip
         self._bucket = TokenBucket(messages_per_s, burst)
 
     @property
@@ -206,87 +139,14 @@ class JsonWebhookSender:
 
     async def _send(self, body: dict[str, Any]) -> Delivery:
         await self._bucket.take()
-        url = self.url
-        for _ in range(MAX_REDIRECTS + 1):
-            answer = await self._post(url, scrub(body))
-            if answer.status not in _REDIRECTS:
-                return self._judge(answer)
-            url = self._redirect(url, answer)
-        raise WebhookSendError(
-            f"the webhook at {origin(self.url)} redirected more than {MAX_REDIRECTS} times",
-            permanent=True,
-            error="too_many_redirects",
-        )
-
-    async def _post(self, url: str, body: dict[str, Any]) -> HttpAnswer:
-        """One POST to ``url``, its address checked; every error naming the origin only."""
-        host = (urlsplit(url).hostname or "").strip("[]")
-        refusal = outbound_refusal(host, self.allowed) if _is_address(host) else None
-        if refusal is not None:
-            raise WebhookSendError(f"webhook refused: {refusal}", permanent=True, error="address_refused")
-        guard = AddressGuard(self.allowed)
-        try:
-            return await post_json(
-                url, body, timeout_s=self.timeout_s, error=WebhookSendError, what="webhook", keep=200,
-                follow_redirects=False, headers=self.headers, resolver=guard,
-            )  # fmt: skip
-        except WebhookSendError as exc:
-            if guard.refused is not None:
-                raise WebhookSendError(
-                    f"webhook refused: {guard.refused}", permanent=True, error="address_refused"
-                ) from exc
-            raise WebhookSendError(
-                self._hidden(str(exc), url), permanent=exc.permanent, error=exc.error, in_doubt=exc.in_doubt
-            ) from exc
-
-    def _redirect(self, url: str, answer: HttpAnswer) -> str:
-        """Where a redirect may be followed to; else the refusal (never counted as sent)."""
-        status = answer.status
-        target = urljoin(url, answer.location or "")
-        where = origin(target) if answer.location else "nowhere (no Location)"
-        if not self.follow_redirects:
-            raise WebhookSendError(
-                f"the webhook at {origin(url)} answered HTTP {status}, a redirect to {where}:"
-                " not followed (set follow_redirects, or give the final URL)",
-                permanent=True,
-                error=f"http_{status}",
-            )
-        before, after = urlsplit(url), urlsplit(target)
-        same_host = (before.hostname or "").lower() == (after.hostname or "").lower()
-        downgrade = before.scheme == "https" and after.scheme != "https"
-        if not answer.location or not same_host or downgrade or after.scheme not in ("http", "https"):
-            raise WebhookSendError(
-                f"the webhook at {origin(url)} answered HTTP {status}, a redirect to {where}:"
-                " refused (only the same host, and never from https to http)",
-                permanent=True,
-                error=f"http_{status}",
-            )
-        return target
-
-    def _hidden(self, text: str, url: str) -> str:
-        """``text`` with the webhook's URLs (and their paths) replaced by their origins."""
-        for known in {url, self.url}:
-            parts = urlsplit(known)
-            secret_part = parts.path + (f"?{parts.query}" if parts.query else "")
-            text = text.replace(known, origin(known))
-            if secret_part.strip("/"):
-                text = text.replace(secret_part, "/***")
-        return text
+        return self._judge(await self._poster.post(scrub(body)))
 
     def _judge(self, answer: HttpAnswer) -> Delivery:
-        status, text = answer.status, self._hidden(answer.text, self.url)
+        status, text = answer.status, self._poster.hidden(answer.text)
         if 200 <= status < 300:
             # Receivers rarely name what they stored: an id of our own stands for it.
             return Delivery(None, f"webhook-{secrets.token_hex(6)}")
         raise answer.refusal(WebhookSendError, f"the webhook answered HTTP {status} {text.strip()}".rstrip())
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 @receiver_type("webhook", config=WebhookConfig)
