@@ -5,9 +5,11 @@ of their own, a tenth of them paired as ``x`` and ``x_limit`` so recognition by 
 weigh) and the recorded SQLAlchemy pool at its limit (``tests/fixtures/expositions/sqlalchemy-otel``),
 then runs the real ``diagnose now`` at the incident and prints, per run: the wall time, the exit
 code, whether the pool was reported, the findings at warning or above, and how many queries were
-sent (from the server's own ``prometheus_engine_query_duration_seconds_count``).
+sent (from the server's own ``prometheus_engine_query_duration_seconds_count``), and, from a
+recording proxy on 127.0.0.1 between ``diagnose`` and the server, the HTTP requests by method and
+the longest URL (request target) sent. ``--deadline`` takes several values (``30,10``).
 
-Usage: ``python bench/big_estate.py [--families 20000] [--deadline 30]``. Everything on 127.0.0.1.
+Usage: ``python bench/big_estate.py [--families 20000] [--deadline 30,10]``. Everything on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -16,35 +18,20 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from diagnoser.testing.prometheus import LocalPrometheus  # noqa: E402
-from tests.fixtures.expositions.timeline import incident_openmetrics  # noqa: E402
-
-START = 1_795_802_400
-INTERVAL = 15
-LEAD_IN = 600
-INCIDENT = 600
-
-
-def estate(families: int) -> str:
-    """OpenMetrics for ``families`` uncatalogued families over the lead-in and the incident."""
-    out: list[str] = []
-    steps = (LEAD_IN + INCIDENT) // INTERVAL + 1
-    for i in range(families):
-        name = f"estate_component_{i:05d}_value"
-        labels = f'job="estate",instance="10.1.{i // 250}.{i % 250}:9100"'
-        for step in range(steps):
-            out.append(f"{name}{{{labels}}} {i % 7 + step % 3} {START + step * INTERVAL}\n")
-        if i % 10 == 0:
-            for step in range(steps):
-                out.append(f"{name}_limit{{{labels}}} 100 {START + step * INTERVAL}\n")
-    return "".join(out)
+from tests.fixtures.background_http import BackgroundHTTPServer  # noqa: E402
+from tests.fixtures.big_estate import AT, estate_openmetrics  # noqa: E402
 
 
 def queries_sent(url: str) -> float:
@@ -57,28 +44,76 @@ def queries_sent(url: str) -> float:
     return 0.0
 
 
+class Recorder:
+    """A forwarding proxy to ``upstream`` that notes each request's method and target length."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.methods: Counter[str] = Counter()
+        self.longest = 0
+        self._lock = threading.Lock()
+        recorder = self
+
+        class Forward(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with recorder._lock:
+                    recorder.methods[self.command] += 1
+                    recorder.longest = max(recorder.longest, len(self.path))
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")}
+                request = urllib.request.Request(
+                    recorder.upstream + self.path, data=body, method=self.command, headers=headers
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as answer:
+                        status, data, kind = answer.status, answer.read(), answer.headers.get("Content-Type")
+                except urllib.error.HTTPError as exc:
+                    status, data, kind = exc.code, exc.read(), exc.headers.get("Content-Type")
+                self.send_response(status)
+                self.send_header("Content-Type", kind or "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = _forward
+            do_POST = _forward
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.http = BackgroundHTTPServer(Forward, name="recording-proxy")
+
+    def reset(self) -> None:
+        with self._lock:
+            self.methods.clear()
+            self.longest = 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", type=int, default=20_000)
-    parser.add_argument("--deadline", type=float, default=30.0)
+    parser.add_argument("--deadline", default="30", help="seconds, or several: 30,10")
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    pool = incident_openmetrics(
-        "sqlalchemy-otel", start_s=START, lead_in_s=LEAD_IN, incident_s=INCIDENT, interval_s=INTERVAL,
-        scrape_labels={"job": "checkout", "instance": "127.0.0.1:8000"},
-    ).removesuffix("# EOF\n")
-    text = pool + estate(args.families) + "# EOF\n"
-    at = START + LEAD_IN + INCIDENT - 60
+    text = estate_openmetrics(args.families)
+    at = AT
     began = time.monotonic()
+    deadlines = [float(d) for d in args.deadline.split(",")]
     with LocalPrometheus(openmetrics=text) as prometheus:
         print(f"{args.families} uncatalogued families backfilled in {time.monotonic() - began:.0f} s")
         diagnose = str(Path(sys.executable).with_name("diagnose"))
-        for run in range(args.runs):
+        proxy = Recorder(prometheus.url)
+        proxy.http.start()
+        for run, deadline in enumerate(d for d in deadlines for _ in range(args.runs)):
+            proxy.reset()
             before = queries_sent(prometheus.url)
             began = time.monotonic()
             done = subprocess.run(
-                [diagnose, "now", "--prometheus-url", prometheus.url, "--at", str(at),
-                 "--deadline", f"{args.deadline:g}", "--format", "json"],
+                [diagnose, "now", "--prometheus-url", proxy.http.url, "--at", str(at),
+                 "--deadline", f"{deadline:g}", "--format", "json"],
                 capture_output=True, text=True, check=False,
             )
             wall = time.monotonic() - began
@@ -92,12 +127,14 @@ def main() -> None:
             found = [f for f in report["findings"] if f["severity"] in ("warning", "critical")]
             pool_found = any(f["cause"] == "connection_pool_exhaustion" for f in found)
             print(
-                f"run {run + 1}: {wall:.1f} s (deadline {args.deadline:g} s), exit {done.returncode}, "
+                f"run {run + 1}: {wall:.1f} s (deadline {deadline:g} s), exit {done.returncode}, "
                 f"pool reported: {pool_found}, traceback: {traceback}, ~{sent:.0f} queries evaluated, "
+                f"requests {dict(proxy.methods)}, longest URL {proxy.longest} characters, "
                 f"findings: {sorted({f['cause'] for f in found})}"
             )
             for error in report.get("errors", [])[:3]:
                 print(f"  error: {str(error)[:300]}")
+        proxy.http.stop()
 
 
 if __name__ == "__main__":
