@@ -9,7 +9,8 @@ sent (from the server's own ``prometheus_engine_query_duration_seconds_count``),
 recording proxy on 127.0.0.1 between ``diagnose`` and the server, the HTTP requests by method and
 the longest URL (request target) sent. ``--deadline`` takes several values (``30,10``).
 
-Usage: ``python bench/big_estate.py [--families 20000] [--deadline 30,10]``. Everything on 127.0.0.1.
+Usage: ``python bench/big_estate.py [--families 20000] [--pair-every 10] [--deadline 30,10]``.
+Everything on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -97,8 +98,11 @@ def main() -> None:
     parser.add_argument("--families", type=int, default=20_000)
     parser.add_argument("--deadline", default="30", help="seconds, or several: 30,10")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--pair-every", type=int, default=10, help="every Nth family gets an x_limit")
     args = parser.parse_args()
-    text = estate_openmetrics(args.families)
+    if not (0 < args.families <= 50_000 and args.pair_every > 0 and args.runs > 0):
+        parser.error("--families must be in (0, 50000], --pair-every and --runs positive")
+    text = estate_openmetrics(args.families, pair_every=args.pair_every)
     at = AT
     began = time.monotonic()
     deadlines = [float(d) for d in args.deadline.split(",")]
