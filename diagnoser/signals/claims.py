@@ -35,7 +35,7 @@ from datetime import datetime
 from diagnoser.models import SourceError
 from diagnoser.promql import held, label_name, quote
 from diagnoser.signals.catalogue import Catalogue, Convention, Form
-from diagnoser.signals.holdings import Holdings, holdings, resolve
+from diagnoser.signals.holdings import Holdings, holdings, resolve_all
 from diagnoser.signals.infer import Rejection
 from diagnoser.signals.otlp import escape_label
 from diagnoser.signals.shapes import STATUS_LABELS
@@ -154,11 +154,11 @@ def probes(catalogue: Catalogue, held_now: Holdings) -> dict[str, set[str]]:
     """Per present series a catalogued form reads, the labels whose values decide its claims."""
     wanted: dict[str, set[str]] = {}
     for catalogued in catalogue.conventions:
-        convention = resolve(catalogued, held_now)
-        for _, form in _present_forms(convention, catalogue, held_now.names):
-            labels = {label for label, _, _ in _required(convention, form)}
-            if labels:
-                wanted.setdefault(_probed_series(form, held_now.names), set()).update(labels)
+        for convention in resolve_all(catalogued, held_now):
+            for _, form in _present_forms(convention, catalogue, held_now.names):
+                labels = {label for label, _, _ in _required(convention, form)}
+                if labels:
+                    wanted.setdefault(_probed_series(form, held_now.names), set()).update(labels)
     return wanted
 
 
@@ -225,21 +225,27 @@ def fit_conventions(catalogue: Catalogue, held_now: Holdings, values: Values) ->
     claimed: set[str] = set()
     supplied: dict[str, set[str]] = {}
     for catalogued in catalogue.conventions:
-        # Judged as the server holds it (its OTLP spelling), kept as catalogued: expansion resolves
-        # it again, and tells a convention that names the series as they are from one that
-        # reaches them by another spelling.
-        convention = resolve(catalogued, held_now)
-        unfit: set[str] = set()
+        # Judged as the server holds it (its OTLP spelling, each whole when services write two),
+        # kept as catalogued: expansion resolves it again, and tells a convention that names the
+        # series as they are from one that reaches them by another spelling. A form is unfit when
+        # it fits in no spelling held.
+        spelt = resolve_all(catalogued, held_now)
+        verdicts: list[tuple[set[str], list[tuple[str, Rejection]]]] = []
         loosen = False
-        for signal, form in _present_forms(convention, catalogue, names):
-            series = _probed_series(form, names)
-            fits, loose, why = _verdict(form, _required(convention, form), series, values)
-            if not fits:
-                unfit.add(signal)
-                rejected.append(
-                    Rejection(convention.name, form.metric, f"fits the name, not the labels: {why}")
-                )
-            loosen = loosen or loose
+        for convention in spelt:
+            unfit_here: set[str] = set()
+            why_here: list[tuple[str, Rejection]] = []
+            for signal, form in _present_forms(convention, catalogue, names):
+                series = _probed_series(form, names)
+                fits, loose, why = _verdict(form, _required(convention, form), series, values)
+                if not fits:
+                    unfit_here.add(signal)
+                    reason = f"fits the name, not the labels: {why}"
+                    why_here.append((signal, Rejection(convention.name, form.metric, reason)))
+                loosen = loosen or loose
+            verdicts.append((unfit_here, why_here))
+        unfit = set.intersection(*(u for u, _ in verdicts))
+        rejected.extend(r for _, why in verdicts for signal, r in why if signal in unfit)
         if not unfit and not loosen:
             fitted.append(catalogued)
         else:
@@ -249,13 +255,14 @@ def fit_conventions(catalogue: Catalogue, held_now: Holdings, values: Values) ->
             if loosen:
                 forms = {s: replace(f, matchers=_loosened(f.matchers)) for s, f in forms.items()}
             fitted.append(replace(catalogued, forms=forms))
-        present = [(s, f) for s, f in _present_forms(convention, catalogue, names) if s not in unfit]
-        for _, form in present:
-            series = _probed_series(form, names)
-            claimed.update(
-                {form.metric, series, *(f"{form.metric}{p}" for p in ("_bucket", "_sum", "_count"))}
-            )
-            supplied.setdefault(form.metric.removesuffix("_count"), set()).update(s for s, _ in present)
+        for convention in spelt:
+            present = [(s, f) for s, f in _present_forms(convention, catalogue, names) if s not in unfit]
+            for _, form in present:
+                series = _probed_series(form, names)
+                claimed.update(
+                    {form.metric, series, *(f"{form.metric}{p}" for p in ("_bucket", "_sum", "_count"))}
+                )
+                supplied.setdefault(form.metric.removesuffix("_count"), set()).update(s for s, _ in present)
     return Claims(
         conventions=tuple(fitted),
         rejected=tuple(rejected),

@@ -29,7 +29,7 @@ from functools import lru_cache
 from diagnoser.errors import PromqlSyntaxError
 from diagnoser.promql import Replacement, grouping_labels, held, parse, rewrite
 from diagnoser.signals.catalogue import Catalogue, Convention, Form
-from diagnoser.signals.holdings import Holdings, resolve
+from diagnoser.signals.holdings import Holdings, resolve_all
 
 __all__ = [
     "DERIVED_LABELS",
@@ -139,17 +139,17 @@ def expansions(
         names = present
     candidates: list[tuple[Convention, Convention, tuple[str, ...], tuple[object, ...]]] = []
     for catalogued in catalogue.conventions:
-        convention = resolve(catalogued, held_now) if held_now is not None else catalogued
-        needed = required_metrics(template, convention)
-        # A histogram's series count as present when the family is held as a native histogram:
-        # the source reads them as such (diagnoser.promql.read_histograms).
-        if needed is None or (names is not None and not all(held(name, names) for name in needed)):
-            continue
-        metrics = tuple(sorted(needed))
-        reads: tuple[object, ...] = (
-            metrics, tuple(sorted(convention.labels.items())), _forms_read(template, convention)
-        )  # fmt: skip
-        candidates.append((catalogued, convention, metrics, reads))
+        for convention in resolve_all(catalogued, held_now) if held_now is not None else [catalogued]:
+            needed = required_metrics(template, convention)
+            # A histogram's series count as present when the family is held as a native histogram:
+            # the source reads them as such (diagnoser.promql.read_histograms).
+            if needed is None or (names is not None and not all(held(name, names) for name in needed)):
+                continue
+            metrics = tuple(sorted(needed))
+            reads: tuple[object, ...] = (
+                metrics, tuple(sorted(convention.labels.items())), _forms_read(template, convention)
+            )  # fmt: skip
+            candidates.append((catalogued, convention, metrics, reads))
     # A convention that names the series as they are beats one that reaches the same series by
     # another OTLP spelling (otel-http-client-js's http_client_request_duration over otel-http-client's).
     exact = {metrics for catalogued, convention, metrics, _ in candidates if convention is catalogued}

@@ -23,7 +23,7 @@ from diagnoser.signals.catalogue import Catalogue, Convention, Form
 from diagnoser.signals.otlp import escape_label, escape_metric
 from diagnoser.sources.prometheus import PrometheusSource
 
-__all__ = ["Holdings", "holdings", "resolve"]
+__all__ = ["Holdings", "holdings", "resolve", "resolve_all"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,31 @@ def resolve(convention: Convention, held_now: Holdings) -> Convention:
     }
     labels = {normalised: own(label) for normalised, label in convention.labels.items()}
     return replace(convention, forms=forms, labels=labels)
+
+
+def resolve_all(convention: Convention, held_now: Holdings) -> list[Convention]:
+    """Every spelling of ``convention`` the server holds, each whole: one Prometheus may scrape a
+    service that writes UTF-8 names and another (or an older SDK) that writes escaped ones, and
+    each must be read in its own spelling, never one form in each (:func:`resolve` on either half)."""
+    if not convention.otel:
+        return [convention]
+    utf8 = {name for name in held_now.names if not is_legacy_metric(name)}
+    if not utf8:
+        return [resolve(convention, held_now)]
+    legacy_spelt = {
+        name for form in convention.forms.values() for name in held_now.spelt(form.spellings)
+        if is_legacy_metric(name)
+    }  # fmt: skip
+    views = (
+        Holdings.of(held_now.names - utf8, held_now.labels),
+        Holdings.of(held_now.names - legacy_spelt, held_now.labels),
+    )
+    found: list[Convention] = []
+    for view in views:
+        resolved = resolve(convention, view)
+        if resolved not in found:
+            found.append(resolved)
+    return found
 
 
 def _spelt(form: Form, held_now: Holdings) -> Form:

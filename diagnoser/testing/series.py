@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from diagnoser.errors import NotationError
 from diagnoser.testing.remote_write import NativeSample
 
-__all__ = ["NotationError", "SeriesSpec", "expand_native", "expand_values", "parse_series", "to_openmetrics"]
+__all__ = [
+    "NotationError",
+    "SeriesSpec",
+    "expand_native",
+    "expand_values",
+    "grown",
+    "parse_series",
+    "to_openmetrics",
+]
 
 
 _EXPANDING = re.compile(
@@ -68,7 +76,9 @@ def _native(text: str) -> NativeSample:
         raise NotationError(f"cannot read native histogram {{{{{text}}}}}: {exc}") from exc
 
 
-def _grown(first: NativeSample, step: NativeSample, times: int) -> NativeSample:
+def grown(first: NativeSample, step: NativeSample, times: float) -> NativeSample:
+    """``first + times * step``, bucket by bucket (``times`` may be negative: a difference)."""
+
     def add(
         a: tuple[tuple[int, float], ...], b: tuple[tuple[int, float], ...]
     ) -> tuple[tuple[int, float], ...]:
@@ -111,7 +121,7 @@ def expand_native(text: str) -> list[NativeSample | None] | None:
         times = int(match["times"] or 0)
         if match["step"] is not None:
             step = _native(match["step"])
-            values.extend(_grown(first, step, i) for i in range(times + 1))
+            values.extend(grown(first, step, i) for i in range(times + 1))
         else:
             values.extend([first] * (times + 1))
         position = match.end()

@@ -37,7 +37,15 @@ from diagnoser.engine import evaluate
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli_here, shared_bed
 from tests.fixtures.expositions.timeline import HERE, Timeline, incident_timeline
-from tests.fixtures.variations import VARIATIONS, Variation
+from tests.fixtures.variations import (
+    SEPARATOR,
+    VARIATIONS,
+    Variation,
+    findings_about,
+)
+from tests.fixtures.variations import first_number as _first_number
+from tests.fixtures.variations import shape as _shape
+from tests.fixtures.variations import top_cause as _top_cause
 
 pytestmark = [pytest.mark.integration, shared_bed(__name__)]
 
@@ -60,7 +68,6 @@ DEPENDENCY_BEDS = {
 #: 60 s scrapes see a gauge of churning connections at other instants, and a rate over 5 samples
 #: is coarser than one over 20.
 TOLERANCE = 0.35
-SEPARATOR = "--"
 
 #: Directories recorded together, replayed together: the server first (its exporter is the one
 #: whose scrapes fail at the limit), the service in front of it second.
@@ -169,32 +176,7 @@ def replay() -> Iterator[Replay]:
 
 def _own(findings: list[dict[str, Any]], bed: Bed, variation: str) -> list[dict[str, Any]]:
     """The findings about this copy of the bed: some label names one of its jobs."""
-    jobs = {f"{d}{SEPARATOR}{variation}" for d in bed.directories}
-    return [f for f in findings if jobs & set(f["labels"].values())]
-
-
-def _top_cause(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
-    causes = [f for f in findings if f["kind"] == "cause" and f["severity"] in ("warning", "critical")]
-    return causes[0] if causes else None
-
-
-def _shape(finding: dict[str, Any] | None, variation: str) -> tuple[str, dict[str, str]] | None:
-    if finding is None:
-        return None
-    suffix = f"{SEPARATOR}{variation}"
-    return str(finding["cause"]), {k: str(v).removesuffix(suffix) for k, v in finding["labels"].items()}
-
-
-def _first_number(expected: dict[str, Any], found: dict[str, Any]) -> tuple[str, float, float] | None:
-    """The recording's first piece of evidence that the variation's finding has too, by name (the
-    first condition's value when both rules are the same)."""
-    if expected["rule_id"] == found["rule_id"]:
-        return "value", expected["evidence"][0]["value"], found["evidence"][0]["value"]
-    values = {e.get("name"): e["value"] for e in found["evidence"] if e.get("name")}
-    for evidence in expected["evidence"]:
-        if evidence.get("name") in values:
-            return evidence["name"], evidence["value"], values[evidence["name"]]
-    return None
+    return findings_about(findings, {f"{d}{SEPARATOR}{variation}" for d in bed.directories})
 
 
 def _bed(name: str) -> Bed:

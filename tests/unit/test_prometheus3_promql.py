@@ -16,6 +16,7 @@ from diagnoser.promql import (
     without_type_and_unit,
 )
 from diagnoser.signals import load_catalogue, normalise_labels
+from diagnoser.signals.expand import expansions
 from diagnoser.signals.holdings import Holdings, resolve
 from diagnoser.signals.otlp import escape_label, escape_metric, spellings
 from diagnoser.signals.target_info import identities_from
@@ -116,6 +117,23 @@ def test_an_otel_convention_is_found_in_every_spelling(names: set[str]) -> None:
         assert held.labels["route"] == "http.route"
         assert held.forms["http.server.errors"].matchers == (("http.response.status_code", "=~", "5.."),)
         assert held.normalised_label("http.route") == "route"
+
+
+def test_two_services_in_two_spellings_are_both_read() -> None:
+    # One Prometheus 3, one OTel service scraped with UTF-8 names and another with escaped ones (the
+    # Prometheus 3 variation harness replays both): each convention's forms in one spelling, never
+    # the escaped count with the UTF-8 status label (which matched neither service's errors).
+    escaped = {f"http_server_request_duration_seconds{p}" for p in ("_bucket", "_count", "_sum")}
+    utf8 = {f"http.server.request.duration_seconds{p}" for p in ("_bucket", "_count", "_sum")}
+    labels = {n: frozenset({"http.route", "http.response.status_code", "job"}) for n in utf8}
+    queries = [
+        e.query
+        for e in expansions("sum by (service) (rate({{http.server.errors}}[5m]))", load_catalogue(), Holdings.of(escaped | utf8, labels))
+    ]
+    assert queries == [
+        'sum by (job) (rate(http_server_request_duration_seconds_count{http_response_status_code=~"5.."}[5m]))',
+        'sum by (job) (rate({"http.server.request.duration_seconds_count", "http.response.status_code"=~"5.."}[5m]))',
+    ]
 
 
 def test_native_histogram_results_are_samples() -> None:
