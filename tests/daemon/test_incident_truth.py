@@ -233,7 +233,10 @@ async def test_a_symptoms_thread_merged_into_the_databases_incident_links_to_tha
         )  # fmt: skip
         (merged,) = [m for m in slack.top_level() if header(slack.current(m.ts)).startswith("MERGED")]
         (host,) = [m for m in slack.top_level() if m is not merged]
-        assert header(slack.current(host.ts)).startswith("CRITICAL: connection_limit_reached: Database truth-adb")
+        await wait_for(
+            lambda: header(slack.current(host.ts)).startswith("CRITICAL: connection_limit_reached: Database truth-adb"),
+            10, "the edit naming the database in the thread it joined",
+        )  # fmt: skip
         await wait_for(
             lambda: any("Merged into" in r.text for r in slack.replies(merged.ts)), 10, "the merge note in its thread"
         )
