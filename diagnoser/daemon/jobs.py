@@ -25,6 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,7 +36,7 @@ from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.schedule import JobSchedule
 from diagnoser.daemon.state import StateStore
 from diagnoser.errors import StateError
-from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.models import Diagnosis, Evidence, Finding, Severity
 from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.outbox import OutboxEntry
 from diagnoser.ruleset import RuleSet
@@ -61,6 +62,8 @@ class JobHost(Protocol):
     def notifies(self) -> bool: ...
 
     async def diagnose(self, trigger: str) -> Diagnosis: ...
+
+    async def read_again(self, causes: list[Finding], at: datetime) -> dict[str, list[Evidence]]: ...
 
     def wake_outbox(self) -> None: ...
 
@@ -95,7 +98,8 @@ class DiagnoseJob:
         self.last_diagnosis = diagnosis
         host.metrics.last_diagnosis.set(time.time())
         try:
-            queued = self._record(host.state, diagnosis)
+            readings = await self._readings(host.state, diagnosis)
+            queued = self._record(host.state, diagnosis, readings)
         except StateError as exc:
             # Nothing was half-written (one transaction): the next run decides again, whole.
             report_state_error(host.metrics, exc)
@@ -113,7 +117,17 @@ class DiagnoseJob:
             host.wake_outbox()
         return diagnosis
 
-    def _record(self, state: StateStore, diagnosis: Diagnosis) -> list[OutboxEntry]:
+    async def _readings(self, state: StateStore, diagnosis: Diagnosis) -> dict[str, list[Evidence]]:
+        """What the causes of incidents that are open (or may reopen) read now, where this
+        diagnosis no longer finds them: their messages say that, not the old numbers."""
+        found = {f.identity for f in diagnosis.findings}
+        since = time.time() - self.policy.reopen_within_s
+        absent = [c for c in state.incident_causes(since=since) if c.identity not in found]
+        return await self.host.read_again(absent, diagnosis.evaluated_at) if absent else {}
+
+    def _record(
+        self, state: StateStore, diagnosis: Diagnosis, readings: dict[str, list[Evidence]]
+    ) -> list[OutboxEntry]:
         config = self.host.config
         before = {f.identity: f for f in state.active_findings()}
         silenced = diagnosis.coverage.silenced if diagnosis.coverage else ()
@@ -124,6 +138,7 @@ class DiagnoseJob:
             notify=self.host.notifies,
             silenced=[s.identity for s in silenced],
             policy=self.policy,
+            readings=readings,
         )
         _log_transitions(before, {f.identity: f for f in state.active_findings()})
         self.host.metrics.notifications_queued.set(state.pending_count())

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from sqlite3 import Connection
 
 from diagnoser.daemon.incidents import Group, IncidentPolicy, explains, group_findings, service_of
-from diagnoser.models import Finding
+from diagnoser.models import Evidence, Finding
 from diagnoser.notify.incident_render import duration_text
 from diagnoser.notify.payloads import (
     DigestPayload,
@@ -110,11 +110,21 @@ _COLUMNS = (
 class IncidentBook:
     """The incidents table within one transaction; see the module docstring."""
 
-    def __init__(self, db: Connection, policy: IncidentPolicy, *, now: float, notify: bool = True) -> None:
+    def __init__(
+        self,
+        db: Connection,
+        policy: IncidentPolicy,
+        *,
+        now: float,
+        notify: bool = True,
+        readings: Mapping[str, list[Evidence]] | None = None,
+    ) -> None:
         self.db = db
         self.policy = policy
         self.now = now
         self.notify = notify
+        #: What the evidence of causes no longer found reads now, by the cause's identity.
+        self.readings = readings or {}
 
     def reconcile(
         self, findings: Sequence[Finding], *, carried: set[str], unread: Mapping[str, str] | None = None
@@ -254,7 +264,8 @@ class IncidentBook:
             return []
         view = other.view.model_copy(update={"state": "merged"})
         note = f"Merged into the incident of {cause.cause}: {cause.title}"
-        return [Decision(other.id, NotificationKind.update, IncidentPayload(view=view, note=note))]
+        payload = IncidentPayload(view=view, note=note, merged_into=into.id)
+        return [Decision(other.id, NotificationKind.update, payload)]
 
     def _view(self, present: list[Finding], row: _Row, ranked: Sequence[Finding]) -> IncidentView:
         """The incident as it stands: its most important cause that explains the rest leads."""
@@ -283,6 +294,7 @@ class IncidentBook:
             resolve_after_s=self.policy.resolve_after_s,
             reopened=row.view.reopened + (1 if row.status == "reopening" else 0),
             earlier_cause=earlier,
+            earlier_now=self.readings.get(earlier.identity, []) if earlier is not None else [],
             # A reopening without its cause is about what came back: no clock of a cause runs.
             cause_cleared_at=row.view.cause_cleared_at if earlier and row.status == "open" else None,
         )

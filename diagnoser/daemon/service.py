@@ -28,6 +28,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,13 @@ from diagnoser.daemon.http import HttpServer
 from diagnoser.daemon.jobs import DiagnoseJob, LeaderJob, OutboxJob, ProbeJob
 from diagnoser.daemon.leader import LeaderElector, SoleLeader, elector_for
 from diagnoser.daemon.metrics import DaemonMetrics
+from diagnoser.daemon.readings import current_readings
 from diagnoser.daemon.schedule import GuardedRun, JobSchedule
 from diagnoser.daemon.state import StateStore
 from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.errors import ConfigError
-from diagnoser.models import Diagnosis, Finding
+from diagnoser.models import Diagnosis, Evidence, Finding
 from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.outbox import render_entry
 from diagnoser.notify.receivers import (
@@ -236,6 +238,13 @@ class Daemon:
         )
         self.metrics.record_diagnosis(diagnosis, time.perf_counter() - started, trigger=trigger)
         return diagnosis
+
+    async def read_again(self, causes: list[Finding], at: datetime) -> dict[str, list[Evidence]]:
+        """What the evidence of ``causes`` (no longer found) reads at ``at``, by their identity."""
+        prometheus = self.sources.sources.prometheus if self.sources is not None else None
+        if prometheus is None:
+            return {}
+        return await current_readings(prometheus, causes, at=at)
 
     async def diagnose_job(self) -> Diagnosis:
         """One scheduled diagnosis: evaluate, update state, queue and deliver notifications."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from sqlite3 import Connection
@@ -52,13 +52,14 @@ from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
 from diagnoser.daemon.state_upgrade import adopt_older_rows
 from diagnoser.daemon.volatile import LabelDrift
-from diagnoser.models import Diagnosis, Finding, Severity, service_of
+from diagnoser.models import Diagnosis, Evidence, Finding, Severity, service_of
 from diagnoser.notify.outbox import IncidentThread, NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import (
     AlertReportPayload,
     DigestPayload,
     FindingPayload,
     IncidentPayload,
+    IncidentView,
     Payload,
     dump_payload,
 )
@@ -140,6 +141,7 @@ class StateStore:
         now: float | None = None,
         silenced: Iterable[str] = (),
         policy: IncidentPolicy | None = None,
+        readings: Mapping[str, list[Evidence]] | None = None,
     ) -> list[OutboxEntry]:
         """Update the active findings and incidents from ``diagnosis``; queue what must be said.
 
@@ -152,6 +154,8 @@ class StateStore:
         once that the evidence could not be read. Nor is one a silence keeps out of this run
         (``silenced``: fingerprints): it is still there, only quiet. ``policy``: the incidents'
         timing (default: none, every change said at once, with this ``cooldown_s``).
+        ``readings``: what the evidence of causes no longer found reads now, by their identity
+        (:func:`~diagnoser.daemon.readings.current_readings`), told where they are not seen now.
         """
         now = time.time() if now is None else now
         policy = policy or IncidentPolicy(cooldown_s=cooldown_s)
@@ -185,7 +189,7 @@ class StateStore:
                         unread[fp] = not_run.get(gone.rule_id) or _first_error(diagnosis, failed)
                     else:
                         self._db.execute("UPDATE findings SET status='resolved' WHERE fingerprint=?", (fp,))
-            book = IncidentBook(self._db, policy, now=now, notify=notify)
+            book = IncidentBook(self._db, policy, now=now, notify=notify, readings=readings)
             decisions = book.reconcile(list(seen.values()), carried=carried, unread=unread)
             entries = [
                 entry
@@ -470,6 +474,23 @@ class StateStore:
                 f" thread_ts={thread} WHERE incident_id=? AND receiver=?",
                 (channel, message_ts, thread_ts, incident, receiver),
             )
+
+    def incident_causes(self, *, since: float) -> list[Finding]:
+        """The causes of the incidents open, or resolved at or after ``since`` (a return reopens
+        them): each one's leading cause, or the cause it names as not seen now."""
+        with self._reading("read the incidents") as db:
+            rows = db.execute(
+                "SELECT view FROM incidents WHERE status IN ('pending', 'open')"
+                " OR (status='resolved' AND resolved_at >= ?)",
+                (since,),
+            ).fetchall()
+        causes: list[Finding] = []
+        for (raw,) in rows:
+            view = IncidentView.model_validate_json(raw)
+            cause = view.earlier_cause or (view.lead if view.has_cause else None)
+            if cause is not None:
+                causes.append(cause)
+        return causes
 
     def incident_thread(self, incident_id: int, *, receiver: str | None = None) -> IncidentThread | None:
         """Where an incident's message and thread are, and whether its first message landed

@@ -56,12 +56,13 @@ incident's first message and its resolution. ::
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
@@ -307,6 +308,7 @@ class OutboxDelivery:
                               reason="first_not_landed")
             return _Outcome.done
         try:
+            entry = await self._linked(entry)
             plan = self._plan(entry, incident)
         except Exception:  # a payload that cannot be rendered would block the queue forever
             log.exception("dead-lettering outbox entry %d: cannot render it", entry.id)
@@ -341,6 +343,27 @@ class OutboxDelivery:
             return self._failed(entry, exc)
         self._delivered(entry, delivery, starts_thread=new_thread)
         return _Outcome.done
+
+    async def _linked(self, entry: OutboxEntry) -> OutboxEntry:
+        """A merged incident's note with a link to the thread its findings joined, when the
+        receiver can give one (Slack's permalink); without it when it cannot."""
+        payload = entry.payload
+        if not isinstance(payload, IncidentPayload) or payload.merged_into is None or payload.joined_url:
+            return entry
+        ask = getattr(self.sender, "permalink", None)
+        host = self.state.incident_thread(payload.merged_into) if ask is not None else None
+        if ask is None or host is None or host.message_ts is None:
+            return entry
+        try:
+            url = await ask(host.message_ts, channel=host.channel)
+        except SendError as exc:  # a link is a courtesy: the note goes without it
+            log.warning("no link to incident %d's thread for entry %d: %s", payload.merged_into, entry.id,
+                        exc)  # fmt: skip
+            return entry
+        if not url:
+            return entry
+        linked = payload.model_copy(update={"joined_url": str(url)})
+        return replace(entry, raw=json.loads(linked.model_dump_json()), _parsed=[linked])
 
     def _too_late(self, entry: OutboxEntry, incident: IncidentThread) -> bool:
         """Drop what would announce, as if current, an incident that cleared before anyone was told.

@@ -31,7 +31,14 @@ from diagnoser.notify.slack import (
 )
 from diagnoser.numbers import format_number
 
-__all__ = ["duration_text", "incident_header", "render_digest", "render_incident", "render_incident_reply"]
+__all__ = [
+    "duration_text",
+    "incident_header",
+    "link",
+    "render_digest",
+    "render_incident",
+    "render_incident_reply",
+]
 
 _EXPLAINED_SHOWN = 8
 _DIGEST_ROWS = 40
@@ -77,7 +84,21 @@ def _earlier_cause_line(view: IncidentView) -> list[str]:
     line = f"_{escape(earlier.cause)} ({escape(earlier.title)}) is not seen now: its rule no longer holds"
     if view.state == "open" and view.cause_cleared_at is not None:
         line += f"; this incident resolves once it stays clear for {duration_text(view.resolve_after_s)}"
-    return [line + "._"]
+    return [line + "._", *_earlier_now_lines(view)]
+
+
+def _earlier_now_lines(view: IncidentView) -> list[str]:
+    """What the earlier cause's own evidence reads now (never its old numbers)."""
+    earlier = view.earlier_cause
+    if earlier is None or not view.earlier_now:
+        return []
+    lines = [f"_{escape(earlier.cause)} now:_"]
+    said = ""
+    for row in view.earlier_now:
+        line = row.line(earlier.labels, said, source=False)
+        said += "\n" + line  # each detail and caveat once
+        lines.append(escape("• " + line))
+    return lines
 
 
 def _explained(view: IncidentView) -> list[dict[str, Any]]:
@@ -116,12 +137,20 @@ def _context(view: IncidentView, at: datetime) -> dict[str, Any]:
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(" · ".join(parts), SECTION_MAX)}]}
 
 
-def render_incident(view: IncidentView, *, at: datetime) -> SlackMessage:
-    """The incident's message, as posted first and as edited after each material change."""
+def link(url: str, text: str) -> str:
+    """Slack's mrkdwn link, ``<url|text>`` (the text escaped; ``|`` and ``>`` cannot be in the URL)."""
+    return f"<{url.replace('|', '%7C').replace('>', '%3E')}|{escape(text)}>"
+
+
+def render_incident(view: IncidentView, *, at: datetime, joined_url: str | None = None) -> SlackMessage:
+    """The incident's message, as posted first and as edited after each material change
+    (``joined_url``: merged, the message of the incident its findings joined)."""
     lead = view.lead
     mark = ":white_check_mark:" if view.state == "resolved" else severity_mark(view.severity.value)
     header = incident_header(view)
     summary = [f"{mark} {escape(lead.summary)}", *evidence_lines(lead), *_earlier_cause_line(view)]
+    if view.state == "merged" and joined_url:
+        summary.append("_Followed in " + link(joined_url, "the incident it joined") + "._")
     if not view.has_cause and view.earlier_cause is None and view.state == "open":
         summary.append("_No cause found yet: this message is edited when a rule names one._")
     blocks: list[dict[str, Any]] = [
@@ -148,7 +177,10 @@ def render_incident_reply(kind: str, payload: IncidentPayload, *, at: datetime) 
             body += f"\n{escape(payload.note.removeprefix('Resolved: '))}"
         text = f"Resolved: {lead.cause}: {lead.title}"
     else:
-        body = f"{severity_mark(view.severity.value)} *{escape(note)}*\n{escape(lead.summary)}"
+        said = link(payload.joined_url, note) if payload.joined_url else escape(note)
+        body = f"{severity_mark(view.severity.value)} *{said}*\n{escape(lead.summary)}"
+        if kind == "reopened" and view.earlier_now:  # what the cause reads now, not what it read
+            body += "\n" + "\n".join(_earlier_now_lines(view))
         text = f"{note}: {incident_header(view)}"
     context = {"type": "context", "elements": [{"type": "mrkdwn", "text": timestamp(at)}]}
     return SlackMessage(clip(text, SECTION_MAX), [section_block(body), context])

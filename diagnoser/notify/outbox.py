@@ -143,7 +143,7 @@ def render_entry(entry: OutboxEntry) -> SlackMessage:
     if isinstance(payload, DigestPayload):
         return render_digest(payload, at=at)
     if isinstance(payload, IncidentPayload):
-        return render_incident(payload.view, at=at)
+        return render_incident(payload.view, at=at, joined_url=payload.joined_url)
     return _render_legacy(entry.kind, payload, at)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagnoser.models import Diagnosis, Finding, Severity
+from diagnoser.models import Diagnosis, Evidence, Finding, Severity
 
 __all__ = [
     "AlertReportPayload",
@@ -76,6 +76,9 @@ class IncidentView(_Payload):
     #: The cause this incident was about while its rule no longer holds (its symptoms lag, or
     #: came back without it): named as not seen now, never as the current cause.
     earlier_cause: Finding | None = None
+    #: What the earlier cause's own evidence reads now (its rule no longer holds): told instead
+    #: of its old numbers ("55 % of 20 connections in use now"); empty when it could not be read.
+    earlier_now: list[Evidence] = Field(default_factory=list)
     #: When the lead cause was last seen clearing (resolution follows the cause, not its symptoms).
     cause_cleared_at: float | None = None
     #: Resolved while these symptoms (identities) were still there: their recovery is told after.
@@ -110,6 +113,10 @@ class IncidentPayload(_Payload):
     previous_severity: str | None = None
     #: True when the incident opened in a digest: its message goes in the digest's thread.
     in_digest: bool = False
+    #: Merged: the incident its findings joined (its thread is linked from this one's note).
+    merged_into: int | None = None
+    #: That incident's message, as a link (the receiver's permalink, filled in at delivery).
+    joined_url: str | None = None
 
 
 class DigestRow(_Payload):

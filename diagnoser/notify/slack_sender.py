@@ -280,6 +280,21 @@ class SlackSender:
             raise _classified(exc, scope="update") from exc
         return Delivery(str(response.get("channel") or where), str(response.get("ts") or ts))
 
+    async def permalink(self, ts: str, *, channel: str | None = None) -> str | None:
+        """A link to the message ``ts`` (``chat.getPermalink``); ``None`` from a webhook, which
+        cannot ask. A failure is raised as :class:`SlackSendError`, as for a post."""
+        if self._web is None:
+            return None
+        try:
+            where = channel or await self._resolve_channel()
+            response = await self._web.chat_getPermalink(channel=where, message_ts=ts)
+        except SlackSendError:
+            raise
+        except Exception as exc:
+            raise _classified(exc, scope="permalink") from exc
+        link = response.get("permalink")
+        return str(link) if isinstance(link, str) and link.startswith("https://") else None
+
     async def find_posted(self, marker: str, *, thread_ts: str | None, since: float) -> SlackDelivery | None:
         """The message carrying ``marker`` posted at or after ``since`` (epoch seconds), if any.
 

@@ -24,7 +24,7 @@ from diagnoser.testing.processes import free_port, local_redis, running
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.daemon.conftest import RUNBOOK, LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.daemon.test_incidents import header, resolutions, timing
-from tests.fixtures.slack_server import SlackFixtureServer
+from tests.fixtures.slack_server import CHANNEL_ID, PERMALINK_BASE, SlackFixtureServer
 
 pytestmark = pytest.mark.integration
 
@@ -144,6 +144,9 @@ async def test_a_symptom_back_after_the_fix_is_told_with_its_current_numbers_not
         current = slack.current(top.ts)
         assert header(current) == "WARNING: p99 over SLO on truth-back: connection_pool_exhaustion not seen now"
         assert "p99 0.6 s" in str(current["blocks"]) and "97%" not in str(current["blocks"])
+        # What the cause's own evidence reads now, not what it read: the pool at half, not 97 %.
+        for said in (str(back.blocks), str(current["blocks"])):
+            assert "connection_pool_exhaustion now:_" in said and "50 % (threshold 90 %)" in said, said
         assert len(slack.top_level()) == 1
     finally:
         await daemon.stop()
@@ -202,6 +205,50 @@ async def test_a_database_explaining_another_services_symptom_is_one_thread_unde
     finally:
         await daemon.stop()
         pool_app.set_p99(client, 0.1)
+        pool_app.set_refusing(database)
+
+
+async def test_a_symptoms_thread_merged_into_the_databases_incident_links_to_that_thread(
+    tmp_path: Path, live_prometheus: LivePrometheus, pool_app: PoolApp, slack: SlackFixtureServer
+) -> None:
+    first, second, database = "truth-a1", "truth-a2", "truth-adb"
+    settings = daemon_settings(
+        tmp_path, live_prometheus.url, f"{first}|{second}|{database}", slack=slack, symptom=True, **timing()
+    )
+    family = tmp_path / f"rules-{first}|{second}|{database}" / "test"
+    # One database serving both services: its evidence names each as a client.
+    rule = DATABASE_RULE.replace('service="{client}"', 'service=~"{client}"')
+    (family / "database-limit.yaml").write_text(rule.format(database=database, client=f"{first}|{second}"), "utf-8")
+    (family / "database-limit.md").write_text(RUNBOOK, encoding="utf-8")
+    pool_app.set_p99(first, 0.9)
+    pool_app.set_p99(second, 0.8)  # two symptoms, two threads, no cause yet
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        await wait_for(lambda: len(slack.top_level()) >= 2, 20, "the symptoms' messages")
+        pool_app.set_refusing(database, conn="all")
+        await wait_for(
+            lambda: any(header(slack.current(m.ts)).startswith("MERGED") for m in slack.top_level()),
+            20, "the merged thread's edit",
+        )  # fmt: skip
+        (merged,) = [m for m in slack.top_level() if header(slack.current(m.ts)).startswith("MERGED")]
+        (host,) = [m for m in slack.top_level() if m is not merged]
+        await wait_for(
+            lambda: header(slack.current(host.ts)).startswith("CRITICAL: connection_limit_reached: Database truth-adb"),
+            10, "the edit naming the database in the thread it joined",
+        )  # fmt: skip
+        await wait_for(
+            lambda: any("Merged into" in r.text for r in slack.replies(merged.ts)), 10, "the merge note in its thread"
+        )
+        (note,) = [r for r in slack.replies(merged.ts) if "Merged into" in r.text]
+        # The permalink Slack's chat.getPermalink gives for the incident's message it joined.
+        link = f"<{PERMALINK_BASE}/archives/{CHANNEL_ID}/p{str(host.ts).replace('.', '')}|"
+        assert link in str(note.blocks), note.blocks
+        assert link in str(slack.current(merged.ts)["blocks"])
+    finally:
+        await daemon.stop()
+        pool_app.set_p99(first, 0.1)
+        pool_app.set_p99(second, 0.1)
         pool_app.set_refusing(database)
 
 
