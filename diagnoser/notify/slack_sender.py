@@ -286,8 +286,9 @@ class SlackSender:
         if self._web is None:
             return None
         try:
-            where = channel or await self._resolve_channel()
-            response = await self._web.chat_getPermalink(channel=where, message_ts=ts)
+            async with self._web_client() as web:
+                where = channel or await self._resolve_channel(web)
+                response = await web.chat_getPermalink(channel=where, message_ts=ts)
         except SlackSendError:
             raise
         except Exception as exc:
