@@ -118,10 +118,23 @@ def _present(form: Form, kind: str, names: set[str]) -> bool:
 
 
 def _presence(form: Form, histogram: bool) -> str:
-    """The selector of a form's series, status matchers left out: a service that had no 5xx has
-    its errors signal all the same."""
-    kept = tuple(m for m in form.matchers if escape_label(m[0]) not in STATUS_LABELS)
+    """The selector of a form's series, a status value matcher read as "the status label is set":
+    a service that had no 5xx has its errors signal all the same.
+
+    Only the value is let go, not the label: the status label's name is what tells one library's
+    family from another's under the same name (promhttp's ``code``, prom-client's
+    ``status_code``), and with it dropped prom-client's service was listed under promhttp.
+    """
+    kept = tuple(
+        m if escape_label(m[0]) not in STATUS_LABELS or _asks_presence(m[1], m[2]) else (m[0], "!=", "")
+        for m in form.matchers
+    )
     return Form(metric=form.metric, matchers=kept).selector("_count" if histogram else "")
+
+
+def _asks_presence(op: str, value: str) -> bool:
+    """A matcher that selects on whether a label is set, not on its value."""
+    return (op in ("=", "!=") and value == "") or (op == "=~" and value in (".+", ".*"))
 
 
 async def _signal_rows(
@@ -131,7 +144,10 @@ async def _signal_rows(
     names: set[str],
     at: datetime,
     lookback_s: float,
-) -> tuple[list[Recognised], list[SourceError]]:
+) -> tuple[list[Recognised], list[Rejected], list[SourceError]]:
+    """Each service's signals, the convention that answers each, and per service the conventions
+    present under the same name that did not: their labels do not fit its series, or one earlier in
+    catalogue order answered first."""
     inferred = {c.name for c in found.conventions}
     # OpenTelemetry conventions in whichever OTLP spelling the server holds them.
     held_now = await holdings(source, catalogue, names, at, lookback_s)
@@ -140,26 +156,62 @@ async def _signal_rows(
     conventions = catalogue.conventions if isinstance(claimed, SourceError) else claimed.conventions
     catalogued = [resolve(c, held_now) for c in conventions]
     present = _present_forms(catalogue, [*catalogued, *found.conventions], names)
+    histograms = [catalogue.signals[signal].type == "histogram" for _, signal, _ in present]
     selectors = [
-        _presence(form, catalogue.signals[signal].type == "histogram") for _, signal, form in present
+        _presence(form, histogram) for (_, _, form), histogram in zip(present, histograms, strict=True)
     ]
-    answers = await asyncio.gather(
-        *(
-            _services(source, sel, c.source_label("service"), at)
-            for sel, (c, _, _) in zip(selectors, present, strict=True)
-        )
+    # Who holds each name at all, whatever its labels: a service that has the name and not a
+    # convention's labels is told why that convention is not its.
+    bare = sorted(
+        {
+            (Form(metric=form.metric).selector("_count" if histogram else ""), c.source_label("service"))
+            for (c, _, form), histogram in zip(present, histograms, strict=True)
+        }
     )
+    answers, holders = await asyncio.gather(
+        asyncio.gather(
+            *(
+                _services(source, sel, c.source_label("service"), at)
+                for sel, (c, _, _) in zip(selectors, present, strict=True)
+            )
+        ),
+        asyncio.gather(*(_services(source, sel, label, at) for sel, label in bare)),
+    )
+    holding = dict(zip(bare, holders, strict=True))
     rows: list[Recognised] = []
+    rejected: list[Rejected] = []
     errors: list[SourceError] = []
-    seen: set[tuple[str, str]] = set()
-    for (convention, signal, form), services in zip(present, answers, strict=True):
+    answered: dict[tuple[str, str], str] = {}
+    for (convention, signal, form), histogram, services in zip(present, histograms, answers, strict=True):
         if isinstance(services, SourceError):
             errors.append(services)
             continue
+        held_by = holding[(Form(metric=form.metric).selector("_count" if histogram else ""),
+                           convention.source_label("service"))]  # fmt: skip
+        if not isinstance(held_by, SourceError) and convention.name not in inferred:
+            rejected.extend(
+                Rejected(
+                    service=service,
+                    entry=convention.name,
+                    metric=form.metric,
+                    reason=f"{signal}: its {form.metric} series lack the labels of {form.selector()}",
+                )
+                for service in sorted(set(held_by) - set(services))
+            )
         for service in services:
-            if (service, signal) in seen:  # the first convention in catalogue order answers
+            first = answered.get((service, signal))
+            if first is not None:  # the first convention in catalogue order answers
+                if first != convention.name:
+                    rejected.append(
+                        Rejected(
+                            service=service,
+                            entry=convention.name,
+                            metric=form.metric,
+                            reason=f"{signal}: {first} answers it first (catalogue order)",
+                        )
+                    )
                 continue
-            seen.add((service, signal))
+            answered[(service, signal)] = convention.name
             rows.append(
                 Recognised(
                     service=service,
@@ -170,14 +222,10 @@ async def _signal_rows(
                     unit=_unit(form, catalogue, signal),
                     labels=dict(convention.labels),
                     caveat=form.note,
-                    histogram=(
-                        kind_from_names(form.metric, names)
-                        if catalogue.signals[signal].type == "histogram"
-                        else None
-                    ),
+                    histogram=kind_from_names(form.metric, names) if histogram else None,
                 )
             )
-    return rows, errors
+    return rows, rejected, errors
 
 
 async def _resource_rows(
@@ -269,6 +317,6 @@ async def inventory(
     return Inventory(
         recognised=[*signals[0], *resources[0]],
         unrecognised=missed[0],
-        rejected=missed[1],
-        errors=[*signals[1], *resources[1], *missed[2]],
+        rejected=sorted({*missed[1], *signals[1]}, key=lambda r: (r.service, r.entry, r.reason)),
+        errors=[*signals[2], *resources[1], *missed[2]],
     )
