@@ -271,37 +271,12 @@ def test_a_bad_config_or_a_taken_port_exits_2(tmp_path: Path) -> None:
     assert "address already in use" in result.stderr.lower()
 
 
-@pytest.mark.parametrize(
-    "base_url", ["http://oncall:Pa55-in-base-url@127.0.0.1:9/api/", "https://xoxb-in-userinfo-5e2a@slack.example/api/"]
-)
-def test_a_slack_base_url_with_credentials_exits_2_naming_the_key(tmp_path: Path, base_url: str) -> None:
-    # It used to start, read every answer as "Slack answered garbage" and retry it forever.
+def _refused_at_load(tmp_path: Path, keys: dict[str, Any]) -> tuple[str, str]:
+    """``diagnose serve`` with ``keys`` beside a Prometheus and a state path: its one ``error:``
+    line (exit 2, nothing started) and the whole stderr."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
-        "prometheus": {"url": "http://127.0.0.1:1"},
-        "slack": {"token": "xoxb-test-token", "channel": "#oncall", "base_url": base_url},
-        "daemon": {"listen": "127.0.0.1:0", "state_path": str(tmp_path / "state.sqlite3")},
-    }))  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
-    result = subprocess.run([*serve_argv(), "--config", str(config)], capture_output=True, text=True, env=env,
-                            timeout=30, check=False)  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "slack.base_url" in lines[0] and "user or password" in lines[0]
-    assert "Pa55-in-base-url" not in result.stderr and "xoxb-in-userinfo-5e2a" not in result.stderr
-    assert not (tmp_path / "state.sqlite3").exists()  # nothing started
-
-
-@pytest.mark.parametrize("where", ["slack", "receivers"])
-def test_a_slack_url_on_a_loopback_address_not_listed_exits_2(tmp_path: Path, where: str) -> None:
-    # It used to be reached: a Slack URL on a private or loopback address needs allowed_addresses.
-    slack = {"webhook_url": "http://127.0.0.1:9/services/T0/B0/PATHSECRET"}
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "prometheus": {"url": "http://127.0.0.1:1"},
-        **({"slack": slack} if where == "slack" else
-           {"notify": {"receivers": [{"name": "oncall", "type": "slack", **slack}]}}),
+        "prometheus": {"url": "http://127.0.0.1:1"}, **keys,
         "daemon": {"listen": "127.0.0.1:0", "state_path": str(tmp_path / "state.sqlite3")},
     }))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
@@ -310,6 +285,27 @@ def test_a_slack_url_on_a_loopback_address_not_listed_exits_2(tmp_path: Path, wh
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "webhook_url refused: 127.0.0.1 is a loopback address" in lines[0] and "allowed_addresses" in lines[0]
-    assert "PATHSECRET" not in result.stderr
     assert not (tmp_path / "state.sqlite3").exists()  # nothing started
+    return lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    "base_url", ["http://oncall:Pa55-in-base-url@127.0.0.1:9/api/", "https://xoxb-in-userinfo-5e2a@slack.example/api/"]
+)
+def test_a_slack_base_url_with_credentials_exits_2_naming_the_key(tmp_path: Path, base_url: str) -> None:
+    # It used to start, read every answer as "Slack answered garbage" and retry it forever.
+    line, stderr = _refused_at_load(
+        tmp_path, {"slack": {"token": "xoxb-test-token", "channel": "#oncall", "base_url": base_url}}
+    )
+    assert "slack.base_url" in line and "user or password" in line
+    assert "Pa55-in-base-url" not in stderr and "xoxb-in-userinfo-5e2a" not in stderr
+
+
+@pytest.mark.parametrize("where", ["slack", "receivers"])
+def test_a_slack_url_on_a_loopback_address_not_listed_exits_2(tmp_path: Path, where: str) -> None:
+    # It used to be reached: a Slack URL on a private or loopback address needs allowed_addresses.
+    slack = {"webhook_url": "http://127.0.0.1:9/services/T0/B0/PATHSECRET"}
+    receivers = {"notify": {"receivers": [{"name": "oncall", "type": "slack", **slack}]}}
+    line, stderr = _refused_at_load(tmp_path, {"slack": slack} if where == "slack" else receivers)
+    assert "webhook_url refused: 127.0.0.1 is a loopback address" in line and "allowed_addresses" in line
+    assert "PATHSECRET" not in stderr
