@@ -121,7 +121,8 @@ def main() -> int:
     prometheus.start()
     config = {
         "prometheus": {"url": prometheus.url},
-        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
+        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
+                  "allowed_addresses": ["127.0.0.1"]},
         "daemon": {
             "diagnose_interval_s": args.interval,
             "jitter_s": 0,

@@ -114,7 +114,8 @@ def main() -> int:
         config.write_text(json.dumps({
             "prometheus": {"url": prometheus.url},
             "slo": {"p99_ms": 500},
-            "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
+            "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
+                      "allowed_addresses": ["127.0.0.1"]},
             "daemon": {"diagnose_interval_s": args.interval, "listen": f"127.0.0.1:{free_port()}",
                        "state_path": str(workdir / "state.sqlite3")},
         }), encoding="utf-8")  # fmt: skip

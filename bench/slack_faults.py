@@ -191,7 +191,7 @@ def sigkill_late_answer(prometheus_url: str, gauge: Gauge, workdir: Path) -> dic
             "rule_dirs": [str(rules)],
             "disable_builtin_rules": True,
             "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url, "timeout_s": 30,
-                      "in_doubt_settle_s": 5},
+                      "in_doubt_settle_s": 5, "allowed_addresses": ["127.0.0.1"]},
             "daemon": {"diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0, "jitter_s": 0,
                        "listen": "127.0.0.1:0",
                        "state_path": str(workdir / "kill-state.sqlite3"), "outbox_retry_s": 0.3},

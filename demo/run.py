@@ -346,6 +346,7 @@ class Lab:
                 "token": self.sink.token,
                 "channel": CHANNEL,
                 "base_url": self.sink.api_url,
+                "allowed_addresses": ["127.0.0.1"],  # the sink is on the loopback
                 "retry_base_s": 1,
                 "in_doubt_settle_s": 5,
             },

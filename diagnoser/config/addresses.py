@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit
 
 __all__ = [
     "METADATA_ADDRESSES",
     "IPAddress",
     "IPNetwork",
     "listed_literally",
+    "literal_refusal",
     "outbound_refusal",
     "parse_networks",
     "special_kind",
@@ -100,3 +102,14 @@ def outbound_refusal(address: str, allowed: Sequence[IPNetwork]) -> str | None:
     if any(ip.version == net.version and ip in net for net in allowed):
         return None
     return f"{ip} is a {kind or 'private'} address: list it (or its network) in allowed_addresses"
+
+
+def literal_refusal(url: str, allowed: Sequence[IPNetwork]) -> str | None:
+    """Why ``url``'s host, when it is an address, may not be reached (``None``: it may, or it is a
+    name, judged where it resolves at each connection)."""
+    host = (urlsplit(url).hostname or "").strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return outbound_refusal(host, allowed)

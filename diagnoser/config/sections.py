@@ -11,7 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from diagnoser.config.addresses import literal_refusal, parse_networks
 
 DEFAULT_RUNBOOK_BASE_URL = "https://github.com/diagnoser/diagnoser/blob/main/rules/"
 
@@ -165,21 +167,59 @@ class SlackSettings(_Section):
     #: again only when it is still absent this long after it was sent: a request Slack is
     #: still processing must not become a second message.
     in_doubt_settle_s: float = Field(default=60.0, ge=0)
+    #: Addresses or networks (``127.0.0.1``, ``10.0.0.0/8``) besides public ones that ``base_url``
+    #: and ``webhook_url`` may be or resolve to (a Slack stand-in, an egress proxy); a cloud
+    #: metadata or link-local address only when listed as itself.
+    allowed_addresses: list[str] = Field(default_factory=list)
 
     @field_validator("base_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
-        # Refused at start: such a URL used to start the daemon and fail every delivery as
-        # "Slack answered garbage", retried forever with the queue behind it. The message
-        # never quotes the value, which holds the password.
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http(s) URL such as https://slack.com/api/")
-        if "@" in parts.netloc:
-            raise ValueError(
-                "must not carry a user or password (user:pass@): Slack authenticates with slack.token"
-            )
+        return slack_api_url(value)
+
+    @field_validator("allowed_addresses")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        parse_networks(value)
         return value
+
+    @model_validator(mode="after")
+    def _addresses_allowed(self) -> SlackSettings:
+        refusal = slack_url_refusal(self.base_url, self.webhook_url, self.allowed_addresses)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return self
+
+
+def slack_api_url(value: str) -> str:
+    """``value`` when it is a Slack Web API base URL (https://slack.com/api/); ValueError saying why not."""
+    # Refused at start: such a URL used to start the daemon and fail every delivery as
+    # "Slack answered garbage", retried forever with the queue behind it. The message
+    # never quotes the value, which holds the password.
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL such as https://slack.com/api/")
+    if "@" in parts.netloc:
+        raise ValueError(
+            "must not carry a user or password (user:pass@): Slack authenticates with slack.token"
+        )
+    return value
+
+
+def slack_url_refusal(
+    base_url: str, webhook_url: SecretStr | None, allowed_addresses: list[str]
+) -> str | None:
+    """Why Slack's ``base_url`` or ``webhook_url``, when its host is an address, is refused at load
+    (the receivers' address rule, :func:`~diagnoser.config.addresses.outbound_refusal`); a name is
+    judged where it resolves, at each connection. Never quotes the URL (a webhook's path is its
+    secret)."""
+    allowed = parse_networks(allowed_addresses)
+    urls = {"base_url": base_url, "webhook_url": webhook_url.get_secret_value() if webhook_url else ""}
+    for key, url in urls.items():
+        refusal = literal_refusal(url, allowed) if url else None
+        if refusal is not None:
+            return f"Slack {key} refused: {refusal}"
+    return None
 
 
 class LeaderElectionSettings(_Section):

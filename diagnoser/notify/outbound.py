@@ -22,7 +22,6 @@ its secret. ::
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,7 +30,7 @@ from urllib.parse import urljoin, urlsplit
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from diagnoser.config.addresses import IPNetwork, outbound_refusal, parse_networks
+from diagnoser.config.addresses import IPNetwork, literal_refusal, outbound_refusal, parse_networks
 from diagnoser.errors import SendError
 from diagnoser.notify.sender import HttpAnswer, post_json
 
@@ -88,17 +87,6 @@ def origin(url: str) -> str:
         return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
     except ValueError:
         return "an unparsable URL"
-
-
-def literal_refusal(url: str, allowed: list[IPNetwork]) -> str | None:
-    """Why ``url``'s host, when it is an address, may not be reached (``None``: it may, or it is a
-    name, judged where it resolves at each connection)."""
-    host = (urlsplit(url).hostname or "").strip("[]")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return outbound_refusal(host, allowed)
 
 
 def redirect_refusal(url: str, status: int, location: str | None, *, follow: bool) -> tuple[str, str | None]:

@@ -14,6 +14,9 @@ Two ways in, chosen from :class:`~diagnoser.config.SlackSettings`:
 One call is one HTTP request: no retries, no sleeping here, and no redirect followed (Slack's Web
 API and its incoming webhooks never redirect; a 3xx, from a proxy or a moved endpoint, is a
 refusal naming where it pointed, as every receiver's redirect is: :mod:`diagnoser.notify.outbound`).
+Where it connects obeys every receiver's address rule too: ``base_url`` or ``webhook_url`` and
+every address its name resolves to, at each connection, must be public unless
+``allowed_addresses`` lists it (a refusal is permanent, ``address_refused``, and nothing is sent).
 Every failure is raised as one
 :class:`SlackSendError` saying what the caller (the outbox, :mod:`diagnoser.notify.delivery`)
 needs to decide: ``permanent`` when resending cannot help (the message, the channel or the
@@ -38,8 +41,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from diagnoser.config import SlackSettings
+from diagnoser.config.addresses import literal_refusal, parse_networks
 from diagnoser.errors import SlackSendError
-from diagnoser.notify.outbound import redirect_refusal
+from diagnoser.notify.outbound import AddressGuard, redirect_refusal
 from diagnoser.notify.sender import Capabilities, Delivery, TokenBucket
 from diagnoser.notify.slack import SlackMessage, escape
 from diagnoser.redact import redact_url, scrub
@@ -166,6 +170,7 @@ class SlackSender:
             settings.channel if settings.channel and _CHANNEL_ID.match(settings.channel) else None
         )
         self._timeout_s = timeout
+        self._allowed = parse_networks(settings.allowed_addresses)
         self._web: AsyncWebClient | None = None
         self._webhook: AsyncWebhookClient | None = None
         # Slack's limit is about one message per second per channel: calls wait for their turn.
@@ -199,7 +204,7 @@ class SlackSender:
         One session per call, as slack-sdk makes when given none; one client per call too,
         since calls may overlap and a client holds its session."""
         assert self._web is not None
-        async with self._session() as session:
+        async with self._session(self._web.base_url) as session:
             yield AsyncWebClient(
                 token=self._web.token, base_url=self._web.base_url, timeout=self._web.timeout,
                 retry_handlers=[], session=session,
@@ -209,18 +214,35 @@ class SlackSender:
     async def _webhook_client(self) -> AsyncIterator[AsyncWebhookClient]:
         """The incoming webhook's client for one call, on a session refusing redirects."""
         assert self._webhook is not None
-        async with self._session() as session:
+        async with self._session(self._webhook.url) as session:
             yield AsyncWebhookClient(
                 self._webhook.url, timeout=self._webhook.timeout, retry_handlers=[], session=session
             )
 
     @asynccontextmanager
-    async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
+    async def _session(self, url: str) -> AsyncIterator[aiohttp.ClientSession]:
+        """A session for one call to ``url``: redirects refused, and every address it connects
+        to checked (:class:`~diagnoser.notify.outbound.AddressGuard`, as the webhook's)."""
+        refusal = literal_refusal(url, self._allowed)
+        if refusal is not None:
+            raise SlackSendError(f"Slack refused: {refusal}", permanent=True, error="address_refused")
         trace = aiohttp.TraceConfig()
         trace.on_request_redirect.append(_refuse_redirect)
         timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, trace_configs=[trace]) as session:
-            yield session
+        guard = AddressGuard(self._allowed)
+        connector = aiohttp.TCPConnector(resolver=guard)
+        async with aiohttp.ClientSession(
+            timeout=timeout, trace_configs=[trace], connector=connector
+        ) as session:
+            try:
+                yield session
+            except Exception as exc:
+                if guard.refused is None:
+                    raise
+                # aiohttp reports the refusal as a failed name lookup: a permanent refusal instead.
+                raise SlackSendError(
+                    f"Slack refused: {guard.refused}", permanent=True, error="address_refused"
+                ) from exc
 
     @property
     def capabilities(self) -> Capabilities:

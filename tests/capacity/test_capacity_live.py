@@ -245,7 +245,7 @@ def test_slack_gets_one_message_with_the_report(healthy_bed: FeatureTestBed, tmp
     from tests.fixtures.slack_server import SlackFixtureServer
 
     with SlackFixtureServer() as slack:
-        config = _config(tmp_path, f"slack:\n  webhook_url: {slack.webhook_url}\n")
+        config = _config(tmp_path, f"slack:\n  webhook_url: {slack.webhook_url}\n  allowed_addresses: [127.0.0.1]\n")
         result = run_cli("capacity", healthy_bed.url, *QUICK, "--slack", "--config", config, "--format", "json")
         assert result.code in (0, 1), result.stderr
         report = json.loads(result.stdout)

@@ -211,6 +211,8 @@ def daemon_settings(
             if webhook
             else {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url}
         )
+        # The fixture is on the loopback: listed, as a Slack stand-in must be.
+        slack_config["allowed_addresses"] = ["127.0.0.1"]
         # Fast retries so a test sees several; a short settle time for posts in doubt.
         slack_config.update({"retry_base_s": 0.2, "retry_max_s": 1.0, "timeout_s": 1, "in_doubt_settle_s": 1.5,
                              "messages_per_s": 10, "message_burst": 5})

@@ -91,7 +91,8 @@ def test_serve_logs_and_slack_messages_never_carry_a_password_from_a_url(
     config = {
         "prometheus": {"url": prometheus, "query_timeout_s": 2},
         "elasticsearch": {"urls": [elasticsearch], "timeout_s": 2},
-        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
+        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
+                  "allowed_addresses": ["127.0.0.1"]},
         "daemon": {
             "diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0,
             "jitter_s": 0,

@@ -194,7 +194,7 @@ def test_sigkill_while_slack_answers_late_still_delivers_once(
         "rule_dirs": [str(rules)],
         "disable_builtin_rules": True,
         "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url, "timeout_s": 30,
-                  "in_doubt_settle_s": 2, "retry_base_s": 0.2},
+                  "in_doubt_settle_s": 2, "retry_base_s": 0.2, "allowed_addresses": ["127.0.0.1"]},
         "daemon": {"diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0, "jitter_s": 0,
                    "listen": "127.0.0.1:0",
                    "state_path": str(tmp_path / "state.sqlite3"), "outbox_retry_s": 0.3},

@@ -61,7 +61,8 @@ def test_a_pool_filling_up_is_posted_within_two_intervals_plus_the_confirmation_
                     "prometheus": {"url": prometheus.url},
                     "slo": {"p99_ms": 500},
                     "confirm_window": f"{CONFIRM_S:g}s",
-                    "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
+                    "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
+                              "allowed_addresses": ["127.0.0.1"]},
                     "daemon": {
                         "diagnose_interval_s": INTERVAL_S,
                         "jitter_s": 0,

@@ -39,6 +39,7 @@ POLICY = IncidentPolicy()
 
 def settings(slack: SlackFixtureServer) -> SlackSettings:
     return SlackSettings(token=SecretStr(slack.token), channel="#oncall", base_url=slack.api_url,
+                         allowed_addresses=["127.0.0.1"],
                          messages_per_s=50, message_burst=50, dead_letter_retry_s=60)
 
 

@@ -40,7 +40,7 @@ AT = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 def notify(slack: SlackFixtureServer, pd: PagerDutyFixtureServer) -> NotifySettings:
     return NotifySettings.model_validate({"receivers": [
         {"name": "oncall", "type": "slack", "token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
-         "messages_per_s": 50, "message_burst": 50},
+         "allowed_addresses": ["127.0.0.1"], "messages_per_s": 50, "message_burst": 50},
         {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pd.events_url,
          "allowed_addresses": ["127.0.0.1"], "match": {"severity": "critical", "service": ["checkout"]}, "messages_per_s": 50, "message_burst": 50},
     ]})  # fmt: skip
@@ -176,7 +176,8 @@ async def test_the_daemon_fans_out_to_every_configured_receiver(
         "delivery": {"retry_base_s": 0.2, "retry_max_s": 1.0, "in_doubt_settle_s": 1.5},
         "receivers": [
             {"name": "oncall", "type": "slack", "token": slack.token, "channel": "#oncall",
-             "base_url": slack.api_url, "timeout_s": 1, "messages_per_s": 10, "message_burst": 5},
+             "base_url": slack.api_url, "allowed_addresses": ["127.0.0.1"], "timeout_s": 1, "messages_per_s": 10,
+             "message_burst": 5},
             {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pagerduty.events_url,
              "allowed_addresses": ["127.0.0.1"],
              "timeout_s": 1, "match": {"severity": "critical"}},

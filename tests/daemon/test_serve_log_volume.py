@@ -30,7 +30,8 @@ def _config(tmp_path: Path, prometheus_url: str, slack: SlackFixtureServer, job:
         "rule_dirs": [str(write_rule(tmp_path / "rules", job))],
         "disable_builtin_rules": True,
         # Slack holds the post longer than the test lasts: the outbox job stays in that call.
-        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url, "timeout_s": 60},
+        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url, "timeout_s": 60,
+                  "allowed_addresses": ["127.0.0.1"]},
         "daemon": {
             "diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0,
             "outbox_retry_s": 0.2,

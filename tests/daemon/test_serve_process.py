@@ -137,7 +137,8 @@ def test_sigterm_during_a_run_exits_quickly_with_state_intact(tmp_path: Path, ha
     config = {
         "prometheus": {"url": hanging.url, "query_timeout_s": 60},
         "deadline_s": 60,
-        "slack": {"webhook_url": f"http://127.0.0.1:{free_port()}/services/T0/B0/closed"},
+        "slack": {"webhook_url": f"http://127.0.0.1:{free_port()}/services/T0/B0/closed",
+                  "allowed_addresses": ["127.0.0.1"]},
         "daemon": {
             "diagnose_interval_s": 30,
             "jitter_s": 0,
@@ -201,7 +202,8 @@ def test_logs_never_show_secrets(
         },
         "rule_dirs": [str(rules)],
         "disable_builtin_rules": True,
-        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url},
+        "slack": {"token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
+                  "allowed_addresses": ["127.0.0.1"]},
         "daemon": {
             "diagnose_interval_s": 0.5, "pending_for_s": 0, "resolve_after_s": 0,
             "jitter_s": 0,
@@ -269,23 +271,41 @@ def test_a_bad_config_or_a_taken_port_exits_2(tmp_path: Path) -> None:
     assert "address already in use" in result.stderr.lower()
 
 
+def _refused_at_load(tmp_path: Path, keys: dict[str, Any]) -> tuple[str, str]:
+    """``diagnose serve`` with ``keys`` beside a Prometheus and a state path: its one ``error:``
+    line (exit 2, nothing started) and the whole stderr."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "prometheus": {"url": "http://127.0.0.1:1"}, **keys,
+        "daemon": {"listen": "127.0.0.1:0", "state_path": str(tmp_path / "state.sqlite3")},
+    }))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
+    result = subprocess.run([*serve_argv(), "--config", str(config)], capture_output=True, text=True, env=env,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert not (tmp_path / "state.sqlite3").exists()  # nothing started
+    return lines[0], result.stderr
+
+
 @pytest.mark.parametrize(
     "base_url", ["http://oncall:Pa55-in-base-url@127.0.0.1:9/api/", "https://xoxb-in-userinfo-5e2a@slack.example/api/"]
 )
 def test_a_slack_base_url_with_credentials_exits_2_naming_the_key(tmp_path: Path, base_url: str) -> None:
     # It used to start, read every answer as "Slack answered garbage" and retry it forever.
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "prometheus": {"url": "http://127.0.0.1:1"},
-        "slack": {"token": "xoxb-test-token", "channel": "#oncall", "base_url": base_url},
-        "daemon": {"listen": "127.0.0.1:0", "state_path": str(tmp_path / "state.sqlite3")},
-    }))  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
-    result = subprocess.run([*serve_argv(), "--config", str(config)], capture_output=True, text=True, env=env,
-                            timeout=30, check=False)  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "slack.base_url" in lines[0] and "user or password" in lines[0]
-    assert "Pa55-in-base-url" not in result.stderr and "xoxb-in-userinfo-5e2a" not in result.stderr
-    assert not (tmp_path / "state.sqlite3").exists()  # nothing started
+    line, stderr = _refused_at_load(
+        tmp_path, {"slack": {"token": "xoxb-test-token", "channel": "#oncall", "base_url": base_url}}
+    )
+    assert "slack.base_url" in line and "user or password" in line
+    assert "Pa55-in-base-url" not in stderr and "xoxb-in-userinfo-5e2a" not in stderr
+
+
+@pytest.mark.parametrize("where", ["slack", "receivers"])
+def test_a_slack_url_on_a_loopback_address_not_listed_exits_2(tmp_path: Path, where: str) -> None:
+    # It used to be reached: a Slack URL on a private or loopback address needs allowed_addresses.
+    slack = {"webhook_url": "http://127.0.0.1:9/services/T0/B0/PATHSECRET"}
+    receivers = {"notify": {"receivers": [{"name": "oncall", "type": "slack", **slack}]}}
+    line, stderr = _refused_at_load(tmp_path, {"slack": slack} if where == "slack" else receivers)
+    assert "webhook_url refused: 127.0.0.1 is a loopback address" in line and "allowed_addresses" in line
+    assert "PATHSECRET" not in stderr

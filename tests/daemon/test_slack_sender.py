@@ -12,16 +12,19 @@ from diagnoser.notify.slack import SlackMessage
 from diagnoser.notify.slack_sender import SlackSender, SlackSendError
 from tests.fixtures.slack_server import CHANNEL_ID, SlackFixtureServer
 
+#: The fixture's addresses: a Slack stand-in on the loopback is listed, as it must be.
+LOOPBACK = ["127.0.0.1"]
 MESSAGE = SlackMessage("pool exhausted", [{"type": "section", "text": {"type": "mrkdwn", "text": "*pool*"}}])
 
 
 def bot(slack: SlackFixtureServer, **extra: object) -> SlackSender:
-    return SlackSender(SlackSettings(token=SecretStr(slack.token), channel="#oncall", base_url=slack.api_url,
-                                     **extra))  # type: ignore[arg-type]
+    values: dict[str, object] = {"token": SecretStr(slack.token), "channel": "#oncall", "base_url": slack.api_url,
+                                 "allowed_addresses": LOOPBACK}  # fmt: skip
+    return SlackSender(SlackSettings.model_validate(values | extra))
 
 
 def webhook(slack: SlackFixtureServer) -> SlackSender:
-    return SlackSender(SlackSettings(webhook_url=SecretStr(slack.webhook_url)))
+    return SlackSender(SlackSettings(webhook_url=SecretStr(slack.webhook_url), allowed_addresses=LOOPBACK))
 
 
 async def test_bot_token_posts_and_threads(slack: SlackFixtureServer) -> None:
@@ -84,12 +87,12 @@ async def test_500_and_down_are_transient(slack: SlackFixtureServer, door: str) 
 async def test_a_wrong_token_is_refused_credentials_and_an_unknown_channel_permanent(
     slack: SlackFixtureServer,
 ) -> None:
-    wrong = SlackSender(SlackSettings(token=SecretStr("xoxb-wrong"), channel="#oncall", base_url=slack.api_url))
+    wrong = bot(slack, token=SecretStr("xoxb-wrong"))
     with pytest.raises(SlackSendError, match="invalid_auth") as caught:
         await wrong.post(MESSAGE)
     # Retried with backoff for dead_letter_after_s (a token being rotated), not dead at once.
     assert caught.value.auth and not caught.value.permanent and caught.value.error == "invalid_auth"
-    lost = SlackSender(SlackSettings(token=SecretStr(slack.token), channel="#nowhere", base_url=slack.api_url))
+    lost = bot(slack, channel="#nowhere")
     with pytest.raises(SlackSendError, match="channel_not_found") as caught:
         await lost.post(MESSAGE)
     assert caught.value.permanent

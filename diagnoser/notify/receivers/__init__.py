@@ -30,11 +30,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from diagnoser.config import DeliverySettings, Match, NotifySettings, Route, SlackSettings
-from diagnoser.config.addresses import parse_networks
+from diagnoser.config.addresses import literal_refusal, parse_networks
 from diagnoser.errors import ConfigError, SendError
 from diagnoser.notify.sender import Receiver
 
 __all__ = [
+    "AddressConfig",
     "OutboundConfig",
     "ReceiverConfig",
     "ReceiverType",
@@ -63,12 +64,10 @@ class ReceiverConfig(BaseModel):
     message_burst: int = Field(default=2, ge=1, le=50)
 
 
-class OutboundConfig(ReceiverConfig):
-    """The address and redirect rules' settings (:mod:`diagnoser.notify.outbound`) a receiver
-    that POSTs to a configured URL has."""
+class AddressConfig(ReceiverConfig):
+    """The address rule's setting (:mod:`diagnoser.notify.outbound`) a receiver sending to a
+    configured URL has (Slack, which never follows a redirect, has only this)."""
 
-    #: Follow a redirect on the same host (the payload POSTed again); else a redirect is refused.
-    follow_redirects: bool = False
     #: Addresses or networks (``10.0.0.0/8``, ``127.0.0.1``) besides public ones the receiver may
     #: reach; a cloud metadata or link-local address only when listed as itself.
     allowed_addresses: list[str] = Field(default_factory=list)
@@ -81,9 +80,15 @@ class OutboundConfig(ReceiverConfig):
 
     def url_refusal(self, url: str) -> str | None:
         """Why ``url``, when its host is an address, is refused at load (a name: at each send)."""
-        from diagnoser.notify.outbound import literal_refusal  # the HTTP client loads where it sends
-
         return literal_refusal(url, parse_networks(self.allowed_addresses))
+
+
+class OutboundConfig(AddressConfig):
+    """The address and redirect rules' settings (:mod:`diagnoser.notify.outbound`) a receiver
+    that POSTs to a configured URL has."""
+
+    #: Follow a redirect on the same host (the payload POSTed again); else a redirect is refused.
+    follow_redirects: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ def _slack_receiver(slack: SlackSettings) -> dict[str, Any] | None:
             "timeout_s",
             "messages_per_s",
             "message_burst",
+            "allowed_addresses",
         }
     )
     return {"name": "slack", "type": "slack", **fields}
@@ -206,7 +212,9 @@ def receiver_configs(
         except ValidationError as exc:
             for error in exc.errors():
                 field = ".".join(str(p) for p in error["loc"])
-                problems.append(f"{where}: {field}: {error['msg']}")
+                message = str(error["msg"]).removeprefix("Value error, ")
+                # A check across keys (an address refused) has no field: its message names the key.
+                problems.append(f"{where}: {field}: {message}" if field else f"{where}: {message}")
     if problems:
         raise ConfigError("; ".join(problems))
     return configs

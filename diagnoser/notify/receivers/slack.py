@@ -13,19 +13,24 @@ webhook). ::
 
 from __future__ import annotations
 
-from pydantic import SecretStr, field_validator
+from pydantic import SecretStr, field_validator, model_validator
 
 from diagnoser.config import SlackSettings
+from diagnoser.config.sections import slack_api_url, slack_url_refusal
 from diagnoser.notify.outbox import OutboxEntry, render_entry, render_reply
-from diagnoser.notify.receivers import ReceiverConfig, receiver_type
+from diagnoser.notify.receivers import AddressConfig, receiver_type
 from diagnoser.notify.slack import SlackMessage
 from diagnoser.notify.slack_sender import SlackSender
 
 __all__ = ["SlackReceiver", "SlackReceiverConfig"]
 
 
-class SlackReceiverConfig(ReceiverConfig):
-    """A bot token and a channel (threads, edits, exactly-once), or an incoming webhook."""
+class SlackReceiverConfig(AddressConfig):
+    """A bot token and a channel (threads, edits, exactly-once), or an incoming webhook.
+
+    ``base_url`` and ``webhook_url`` obey every receiver's address rule: an address or a name
+    resolving to one that is not public needs ``allowed_addresses`` (a Slack stand-in, a proxy).
+    """
 
     webhook_url: SecretStr | None = None
     token: SecretStr | None = None
@@ -35,7 +40,14 @@ class SlackReceiverConfig(ReceiverConfig):
     @field_validator("base_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
-        return SlackSettings(base_url=value).base_url
+        return slack_api_url(value)
+
+    @model_validator(mode="after")
+    def _addresses_allowed(self) -> SlackReceiverConfig:
+        refusal = slack_url_refusal(self.base_url, self.webhook_url, self.allowed_addresses)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return self
 
     def slack_settings(self) -> SlackSettings:
         """The settings the Slack sender takes."""
@@ -47,6 +59,7 @@ class SlackReceiverConfig(ReceiverConfig):
             timeout_s=self.timeout_s,
             messages_per_s=self.messages_per_s,
             message_burst=self.message_burst,
+            allowed_addresses=self.allowed_addresses,
         )
 
 
