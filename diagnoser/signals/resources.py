@@ -181,7 +181,12 @@ def _failed_scrapes(resource: Resource) -> str | None:
     target = f"max by ({', '.join(TARGET_LABELS)})"
     if resource.up is None:
         return f"({target} (up) < bool 1)" if resource.role == "process" else None
-    return f"(({target} ({resource.up}) < bool 1) or ({target} (up) < bool 1))"
+    # Either failing counts: the exporter's gauge from its last good scrape lingers for the
+    # lookback after its scrapes start failing (a replay or remote-written copy has no staleness
+    # markers), so it must not hide the target's ``up`` 0 as ``or`` alone would.
+    own = f'label_replace({target} ({resource.up}) < bool 1, "failed_by", "exporter", "", "")'
+    scrape = f'label_replace({target} (up) < bool 1, "failed_by", "scrape", "", "")'
+    return f"({target} ({own} or {scrape}))"
 
 
 def resource_query(
