@@ -84,6 +84,9 @@ CAUSES: frozenset[str] = frozenset(
         # A server or proxy at its configured connection maximum (connection_pool_exhaustion is
         # a client's own pool).
         "connection_limit_reached",
+        # A server's own workers or threads all busy at its configured maximum (Apache's
+        # MaxRequestWorkers, Varnish's thread_pool_max): new requests wait for one.
+        "worker_saturation",
     }
 )
 

@@ -173,11 +173,20 @@ def _rates(counters: tuple[str, ...], window: str) -> str:
 def _failed_scrapes(resource: Resource) -> str | None:
     """Per target, 1 at an instant its exporter's scrape failed (its own ``up`` gauge 0, or the
     target's ``up`` 0) and 0 when it succeeded; ``None`` when the exporter has no such gauge (a
-    resource recognised by shape: nothing says which target reads the server)."""
-    if resource.up is None:
-        return None
+    resource of a server recognised by shape: nothing says which target reads the server).
+
+    A process' own resource (its open file descriptors, its worker pool) is read by the process
+    itself: its target's ``up`` is that process failing to answer its own scrape, which a process
+    out of descriptors does (its ``accept()`` fails with EMFILE)."""
     target = f"max by ({', '.join(TARGET_LABELS)})"
-    return f"(({target} ({resource.up}) < bool 1) or ({target} (up) < bool 1))"
+    if resource.up is None:
+        return f"({target} (up) < bool 1)" if resource.role == "process" else None
+    # Either failing counts: the exporter's gauge from its last good scrape lingers for the
+    # lookback after its scrapes start failing (a replay or remote-written copy has no staleness
+    # markers), so it must not hide the target's ``up`` 0 as ``or`` alone would.
+    own = f'label_replace({target} ({resource.up}) < bool 1, "failed_by", "exporter", "", "")'
+    scrape = f'label_replace({target} (up) < bool 1, "failed_by", "scrape", "", "")'
+    return f"({target} ({own} or {scrape}))"
 
 
 def resource_query(
@@ -187,7 +196,8 @@ def resource_query(
 
     ``peak`` and ``at_limit`` are ratios to the usable limit (the highest, and the share of the
     window's steps at ``near`` or above; for ``peak``, a scrape its exporter failed counts as one at
-    the limit when those that landed came within :data:`FAILED_SCRAPES_NEAR` of it); ``limit`` is
+    the limit when those that landed came within :data:`FAILED_SCRAPES_NEAR` of it, and for
+    ``at_limit`` the share of failed scrapes then counts when it is the larger); ``limit`` is
     the usable limit, ``configured`` the configured one (where they differ); ``failed`` the share
     of the window's steps its exporter failed at; ``queued`` is the mean waiting, ``queued_peak`` the most;
     ``refused`` refusals per second; ``pressure`` either, where above 0. Queues and refusals of
@@ -217,7 +227,16 @@ def resource_query(
         on = f"on ({', '.join(TARGET_LABELS)}) group_left"
         return f"({near_it} * 0 + {on} max_over_time({failed}{ranged}) > 0) or {peak}"
     if measure == "at_limit":
-        return f"avg_over_time(({used} / {limit} >= bool {format_number(near)}){ranged})"
+        at_limit = f"avg_over_time(({used} / {limit} >= bool {format_number(near)}){ranged})"
+        failed = _failed_scrapes(resource)
+        if failed is None:
+            return at_limit
+        # Scrapes that failed while the ones that landed came near the limit count as scrapes at
+        # it (as for ``peak``): the share is the larger of the two, on the resource's own rows.
+        near_it = f"(max_over_time(({used} / {limit}){ranged}) >= {format_number(FAILED_SCRAPES_NEAR)})"
+        on = f"on ({', '.join(TARGET_LABELS)}) group_left"
+        blind = f"({near_it} * 0 + {on} avg_over_time({failed}{ranged}))"
+        return f'max {by} ({at_limit} or label_replace({blind}, "scrapes", "failed", "", ""))'
     if measure == "limit":
         return limit
     if measure == "configured":

@@ -144,12 +144,12 @@ def test_limits_of_bytes_or_rates_and_limits_without_a_sibling_are_no_resources(
             container_spec_memory_limit_bytes=(),
             haproxy_process_current_connection_rate=(),
             haproxy_process_limit_connection_rate=(),
-            pgbouncer_config_max_client_connections=(),
+            widget_config_max_client_connections=(),
         )
     )
     assert found.resources == ()
     assert [(m.metric, m.looks_like) for m in found.lookalikes] == [
-        ("pgbouncer_config_max_client_connections", "limit")
+        ("widget_config_max_client_connections", "limit")
     ]
 
 
@@ -345,9 +345,10 @@ def test_resource_queries_read_the_peak_between_scrapes_and_sum_to_the_resource_
     peak = f"max_over_time((sum {by} (pg_stat_activity_count) / (max {by} {limit} > 0))[2m:15s])"
     target = "by (namespace, job, instance)"
     # A scrape the exporter failed counts as one at the limit when the landed ones came near it.
-    failed = (
-        f"max_over_time(((max {target} (pg_up) < bool 1) or (max {target} (up) < bool 1))[2m:15s])"
-    )
+    # Either the exporter's own gauge or the target's up failing counts.
+    own = f'label_replace(max {target} (pg_up) < bool 1, "failed_by", "exporter", "", "")'
+    scrape = f'label_replace(max {target} (up) < bool 1, "failed_by", "scrape", "", "")'
+    failed = f"max_over_time((max {target} ({own} or {scrape}))[2m:15s])"
     assert resource_query(resource, "peak", "2m", "15s", 0.95) == (
         f"(({peak} >= 0.75) * 0 + on (namespace, job, instance) group_left {failed} > 0) or {peak}"
     )
