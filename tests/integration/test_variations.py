@@ -216,6 +216,11 @@ KNOWN_FAILING = {
         "the kept scrapes are the cycle's 1st and 5th, with 3 and 7 of 8 workers busy: the limit is never "
         "seen (live 60 s scrapes would catch it in about 3 of 8)"
     ),
+    ("apache-exporter", "30s-scrapes"): (
+        "left to fix in resources/worker-saturation: the cycle's scrapes 2, 3 and 6 of 8 are at the limit, "
+        "the 30 s grid keeps the 1st, 3rd, 5th and 7th (one at it): 2 of the window's 10 samples, under "
+        "the rule's held share of 0.25, where the recording has 3 of 8"
+    ),
     ("mysqld-exporter-max-connections", "30s-scrapes"): (
         "mysqld_exporter failed 7 of the 8 recorded scrapes (mysql_up 0) and the one that succeeded is "
         "never on the 30 s grid: no connection count or refusal counter is left, only mysql_up 0"
