@@ -54,9 +54,6 @@ from tests.fixtures.variations import counter_reset, downsampled, long_incident 
 
 FIXTURES = REPO / "tests" / "fixtures"
 DEFAULT_DIRS = [FIXTURES / "unseen", FIXTURES / "unseen2", FIXTURES / "unseen3"]
-#: Raw exports carry no TYPE lines: what only ever grows is told by its name, as Prometheus' own
-#: conventions spell it.
-CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 RESTART_BEFORE_S = 120
 
 
@@ -84,7 +81,7 @@ def load_bed(path: Path) -> Bed:
             if spec is None:
                 spec = specs[series] = parse_series(series)
             samples.append((spec, float(stamp), float(value)))
-    cumulative = frozenset(s for s in specs.values() if s.name.endswith(CUMULATIVE_SUFFIXES))
+    cumulative = _cumulative(samples, set(specs.values()))
     timeline = Timeline(
         samples=tuple(samples),
         cumulative=cumulative,
@@ -94,6 +91,35 @@ def load_bed(path: Path) -> Bed:
         interval_s=float(info.get("scrape_interval_s", 15)),
     )
     return Bed(path, info, timeline)
+
+
+Sample = tuple[SeriesSpec, float, float]
+PARTS = ("_bucket", "_count", "_sum")
+
+
+def _cumulative(samples: list[Sample], specs: set[SeriesSpec]) -> frozenset[SeriesSpec]:
+    """The series that only ever grow: a counter's name (``_total``; ``_bucket``, ``_count`` and ``_sum``
+    beside a family's other parts) and never a fall in the recording. The name alone would take
+    gauges for counters: postgres_exporter's ``pg_stat_activity_count`` is the connection count, and
+    prom-client's ``nodejs_active_handles_total`` a gauge."""
+    names = {s.name for s in specs}
+    fell: set[SeriesSpec] = set()
+    last: dict[SeriesSpec, float] = {}
+    for spec, _, value in sorted(samples, key=lambda s: s[1]):
+        if spec in last and value < last[spec]:
+            fell.add(spec)
+        last[spec] = value
+
+    def counted(name: str) -> bool:
+        if name.endswith("_total"):
+            return True
+        for suffix in PARTS:
+            if name.endswith(suffix):
+                base = name.removesuffix(suffix)
+                return any(f"{base}{other}" in names for other in PARTS if other != suffix)
+        return False
+
+    return frozenset(s for s in specs if s not in fell and counted(s.name))
 
 
 @dataclass(frozen=True)
