@@ -10,7 +10,9 @@ replayed, one variation per Prometheus, under:
 
 - ``2h-incident``: the fault's scrapes (onset to fix) repeated for two hours, counters going on
   growing at their rate; judged at the same point of the last cycle as the last incident instant;
-- ``30s-scrapes``, ``60s-scrapes``: only the scrapes on that grid;
+- ``30s-scrapes``, ``60s-scrapes``: only the scrapes on that grid, each phase of the grid a case of
+  its own (``+15s``: the grid starts at the second recorded scrape), as a coarser scrape catches
+  one recorded scrape in two or four by chance;
 - ``counter-reset``: every process restarted 2 minutes before the last healthy and again before
   the last incident instant (its own counters from zero; ``up`` and gauges as they were);
 - ``1-in-5-scrapes-missing``: one scrape in five of the saturated targets (``saturated_jobs``, or
@@ -144,10 +146,13 @@ def _two_hours(bed: Bed) -> Case:
     return Case(longer, None, int(longer.end_s - before_end))
 
 
-def _grid(seconds: int) -> Callable[[Bed], Case]:
+def _grid(seconds: int, phase: int = 0) -> Callable[[Bed], Case]:
+    """Scrapes every ``seconds``, the grid starting ``phase`` recorded scrapes after the first: which
+    of the recorded scrapes a coarser one would have caught is chance, so every phase is a case."""
     def varied(bed: Bed) -> Case:
         last = bed.info["healthy_at"][-1], bed.info["incident_at"][-1]
-        return Case(downsampled(bed.timeline, seconds), *last)
+        start = bed.timeline.start_s + phase * bed.timeline.interval_s
+        return Case(downsampled(replace(bed.timeline, start_s=start), seconds), *last)
 
     return varied
 
@@ -178,7 +183,11 @@ VARIATIONS: dict[str, Callable[[Bed], Case]] = {
     "recorded": lambda b: Case(b.timeline, b.info["healthy_at"][-1], b.info["incident_at"][-1]),
     "2h-incident": _two_hours,
     "30s-scrapes": _grid(30),
+    "30s-scrapes+15s": _grid(30, 1),
     "60s-scrapes": _grid(60),
+    "60s-scrapes+15s": _grid(60, 1),
+    "60s-scrapes+30s": _grid(60, 2),
+    "60s-scrapes+45s": _grid(60, 3),
     "counter-reset": _restarted,
     "1-in-5-scrapes-missing": _scrapes_missing,
 }
