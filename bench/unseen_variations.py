@@ -1,0 +1,294 @@
+"""Judge a checkout on the unseen beds replayed under the variation harness's variations.
+
+    python bench/unseen_variations.py [--beds-dir DIR ...] [--beds a,b] [--variations v,w]
+                                      [--parallel 2] [--out result.json]
+
+The beds of ``tests/fixtures/unseen*`` were recorded live by someone who did not write the rules;
+``bench/unseen_beds.py`` judges them as recorded. A rule that names the cause as recorded and not
+under an ordinary difference of the same data is fitted to the recording, so each bed is also
+replayed, one variation per Prometheus, under:
+
+- ``2h-incident``: the fault's scrapes (onset to fix) repeated for two hours, counters going on
+  growing at their rate; judged at the same point of the last cycle as the last incident instant;
+- ``30s-scrapes``, ``60s-scrapes``: only the scrapes on that grid, each phase of the grid a case of
+  its own (``+15s``: the grid starts at the second recorded scrape), as a coarser scrape catches
+  one recorded scrape in two or four by chance;
+- ``counter-reset``: every process restarted 2 minutes before the last healthy and again before
+  the last incident instant (its own counters from zero; ``up`` and gauges as they were);
+- ``1-in-5-scrapes-missing``: one scrape in five of the saturated targets (``saturated_jobs``, or
+  the service itself when none is) failed: ``up`` 0 and no other series at it.
+
+Every bed has only the history it was recorded with (8-10 minutes before its fault): that is the
+10-minute-history variation already. A backfill has no metadata, so each is without it too.
+
+Each case is judged with ``bench/unseen_beds.py``'s verdicts (the expected cause at warning or
+above, naming the subject, a number in range; healthy: nothing at warning or above) at the bed's
+last healthy instant (not for ``2h-incident``, whose history is the recording's) and its last
+incident instant. Prints a table and the totals per variation; exit 1 if any case fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import unseen_beds  # noqa: E402  (bench/unseen_beds.py, the verdicts and the replay)
+
+from diagnoser.testing.series import SeriesSpec, parse_series, to_openmetrics  # noqa: E402
+from tests.fixtures.expositions.timeline import Timeline  # noqa: E402
+from tests.fixtures.variations import counter_reset, downsampled, long_incident  # noqa: E402
+
+FIXTURES = REPO / "tests" / "fixtures"
+DEFAULT_DIRS = [FIXTURES / "unseen", FIXTURES / "unseen2", FIXTURES / "unseen3"]
+RESTART_BEFORE_S = 120
+
+
+@dataclass(frozen=True)
+class Bed:
+    path: Path
+    info: dict[str, Any]
+    timeline: Timeline
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def load_bed(path: Path) -> Bed:
+    info = yaml.safe_load((path / "bed.yaml").read_text(encoding="utf-8"))
+    specs: dict[str, SeriesSpec] = {}
+    samples: list[tuple[SeriesSpec, float, float]] = []
+    with gzip.open(path / "series.om.gz", "rt", encoding="utf-8") as lines:
+        for line in lines:
+            if not line.strip() or line.startswith("#"):
+                continue
+            series, value, stamp = line.rstrip("\n").rsplit(" ", 2)
+            spec = specs.get(series)
+            if spec is None:
+                spec = specs[series] = parse_series(series)
+            samples.append((spec, float(stamp), float(value)))
+    cumulative = _cumulative(samples, set(specs.values()))
+    timeline = Timeline(
+        samples=tuple(samples),
+        cumulative=cumulative,
+        start_s=float(info["start_s"]),
+        incident_start_s=float(info["onset_s"]),
+        end_s=max(at for _, at, _ in samples),
+        interval_s=float(info.get("scrape_interval_s", 15)),
+    )
+    return Bed(path, info, timeline)
+
+
+Sample = tuple[SeriesSpec, float, float]
+PARTS = ("_bucket", "_count", "_sum")
+
+
+def _cumulative(samples: list[Sample], specs: set[SeriesSpec]) -> frozenset[SeriesSpec]:
+    """The series that only ever grow: a counter's name (``_total``; ``_bucket``, ``_count`` and ``_sum``
+    beside a family's other parts) and never a fall in the recording. The name alone would take
+    gauges for counters: postgres_exporter's ``pg_stat_activity_count`` is the connection count, and
+    prom-client's ``nodejs_active_handles_total`` a gauge."""
+    names = {s.name for s in specs}
+    fell: set[SeriesSpec] = set()
+    last: dict[SeriesSpec, float] = {}
+    for spec, _, value in sorted(samples, key=lambda s: s[1]):
+        if spec in last and value < last[spec]:
+            fell.add(spec)
+        last[spec] = value
+
+    def counted(name: str) -> bool:
+        if name.endswith("_total"):
+            return True
+        for suffix in PARTS:
+            if name.endswith(suffix):
+                base = name.removesuffix(suffix)
+                return any(f"{base}{other}" in names for other in PARTS if other != suffix)
+        return False
+
+    return frozenset(s for s in specs if s not in fell and counted(s.name))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A bed's timeline under one variation, and where to judge it."""
+
+    timeline: Timeline
+    healthy_at: int | None
+    incident_at: int
+
+
+def _until_fix(bed: Bed) -> Timeline:
+    fix = float(bed.info.get("fix_s", bed.timeline.end_s + 1))
+    kept = tuple(s for s in bed.timeline.samples if s[1] < fix)
+    return replace(bed.timeline, samples=kept, end_s=max(at for _, at, _ in kept))
+
+
+def _two_hours(bed: Bed) -> Case:
+    fault = _until_fix(bed)
+    longer = long_incident(fault)
+    before_end = fault.end_s - bed.info["incident_at"][-1]
+    return Case(longer, None, int(longer.end_s - before_end))
+
+
+def _grid(seconds: int, phase: int = 0) -> Callable[[Bed], Case]:
+    """Scrapes every ``seconds``, the grid starting ``phase`` recorded scrapes after the first: which
+    of the recorded scrapes a coarser one would have caught is chance, so every phase is a case."""
+    def varied(bed: Bed) -> Case:
+        last = bed.info["healthy_at"][-1], bed.info["incident_at"][-1]
+        start = bed.timeline.start_s + phase * bed.timeline.interval_s
+        return Case(downsampled(replace(bed.timeline, start_s=start), seconds), *last)
+
+    return varied
+
+
+def _restarted(bed: Bed) -> Case:
+    healthy, incident = bed.info["healthy_at"][-1], bed.info["incident_at"][-1]
+    timeline = counter_reset(bed.timeline, healthy - RESTART_BEFORE_S)
+    return Case(counter_reset(timeline, incident - RESTART_BEFORE_S), healthy, incident)
+
+
+def _scrapes_missing(bed: Bed, every: int = 5) -> Case:
+    jobs = set(bed.info.get("saturated_jobs") or [bed.info["service_job"]])
+    timeline = bed.timeline
+
+    def failed(spec: SeriesSpec, at: float) -> bool:
+        index = round((at - timeline.start_s) / timeline.interval_s)
+        return index % every == every - 1 and dict(spec.labels).get("job") in jobs
+
+    samples = tuple(
+        (spec, at, 0.0) if spec.name == "up" and failed(spec, at) else (spec, at, value)
+        for spec, at, value in timeline.samples
+        if spec.name == "up" or not failed(spec, at)
+    )
+    return Case(replace(timeline, samples=samples), bed.info["healthy_at"][-1], bed.info["incident_at"][-1])
+
+
+VARIATIONS: dict[str, Callable[[Bed], Case]] = {
+    "recorded": lambda b: Case(b.timeline, b.info["healthy_at"][-1], b.info["incident_at"][-1]),
+    "2h-incident": _two_hours,
+    "30s-scrapes": _grid(30),
+    "30s-scrapes+15s": _grid(30, 1),
+    "60s-scrapes": _grid(60),
+    "60s-scrapes+15s": _grid(60, 1),
+    "60s-scrapes+30s": _grid(60, 2),
+    "60s-scrapes+45s": _grid(60, 3),
+    "counter-reset": _restarted,
+    "1-in-5-scrapes-missing": _scrapes_missing,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    bed: str
+    variation: str
+    kind: str
+    instant: int
+    verdict: str
+    found: str
+
+
+def _judged(repo: Path, bed: Bed, variation: str) -> Iterator[Row]:
+    case = VARIATIONS[variation](bed)
+    with tempfile.TemporaryDirectory(prefix="unseen-variation-") as tmp:
+        copy = Path(tmp) / bed.name
+        copy.mkdir()
+        with gzip.open(copy / "series.om.gz", "wt", encoding="utf-8") as out:
+            out.write(to_openmetrics(case.timeline.samples))
+        config = Path(tmp) / "diagnoser.yaml"
+        config.write_text(yaml.safe_dump({**bed.info.get("config", {}), "deadline_s": 90}), encoding="utf-8")
+        try:
+            replay = unseen_beds.Replay(repo, copy)
+        except RuntimeError as error:
+            yield Row(bed.name, variation, "-", 0, "ERROR", str(error))
+            return
+        try:
+            instants = [("healthy", case.healthy_at)] if case.healthy_at is not None else []
+            for kind, at in [*instants, ("incident", case.incident_at)]:
+                assert at is not None
+                report, error = unseen_beds.diagnose(repo, replay.url, at, config)
+                if report is None:
+                    yield Row(bed.name, variation, kind, at, "ERROR", error)
+                    continue
+                if kind == "healthy":
+                    ok, text = unseen_beds.judge_healthy(report)
+                else:
+                    ok, text, _ = unseen_beds.judge_incident(report, bed.info["expect"])
+                yield Row(bed.name, variation, kind, at, "PASS" if ok else "FAIL", text)
+        finally:
+            replay.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout to judge (default: this one)")
+    parser.add_argument("--beds-dir", type=Path, action="append", help="default: tests/fixtures/unseen*")
+    parser.add_argument("--beds", help="comma-separated bed names (default: every bed of the directories)")
+    parser.add_argument("--variations", help=f"comma-separated, of: {', '.join(VARIATIONS)} (default: all)")
+    parser.add_argument("--parallel", type=int, default=2, help="cases replayed at once")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here")
+    args = parser.parse_args()
+    repo = args.repo.resolve()
+    if not (repo / ".venv" / "bin" / "diagnose").exists():
+        parser.error(f"{repo}/.venv/bin/diagnose not found (run make setup in the checkout)")
+    dirs = [d.resolve() for d in (args.beds_dir or DEFAULT_DIRS)]
+    wanted = set(args.beds.split(",")) if args.beds else None
+    paths = sorted(
+        (p for d in dirs for p in d.iterdir() if (p / "bed.yaml").exists()
+         and (wanted is None or p.name in wanted)),
+        key=lambda p: p.name,
+    )
+    if not paths:
+        parser.error("no bed found")
+    variations = args.variations.split(",") if args.variations else list(VARIATIONS)
+    unknown = sorted(set(variations) - set(VARIATIONS))
+    if unknown:
+        parser.error(f"unknown variation: {', '.join(unknown)}")
+    started = time.monotonic()
+    beds = [load_bed(p) for p in paths]
+    cases = [(b, v) for b in beds for v in variations]
+
+    def run(case: tuple[Bed, str]) -> list[Row]:
+        rows = list(_judged(repo, *case))
+        print(f"{case[0].name} {case[1]}: {' '.join(r.verdict for r in rows)}", file=sys.stderr, flush=True)
+        return rows
+
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        rows = [row for result in pool.map(run, cases) for row in result]
+    width = max(len(r.bed) for r in rows)
+    print(f"\n{'bed':<{width}}  {'variation':<24} {'kind':<8} verdict  found")
+    for r in rows:
+        print(f"{r.bed:<{width}}  {r.variation:<24} {r.kind:<8} {r.verdict:<7}  {r.found[:160]}")
+    print()
+    for variation in variations:
+        mine = [r for r in rows if r.variation == variation]
+        passed = sum(r.verdict == "PASS" for r in mine)
+        print(f"{variation:<24} {passed:>3} of {len(mine):>3} instants pass")
+    passed = sum(r.verdict == "PASS" for r in rows)
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    print(f"{'all':<24} {passed:>3} of {len(rows):>3} ({len(beds)} beds, {repo} at {commit or '?'}, "
+          f"{time.monotonic() - started:.0f} s)")
+    if args.out:
+        args.out.write_text(json.dumps([r.__dict__ for r in rows], indent=2) + "\n", encoding="utf-8")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
