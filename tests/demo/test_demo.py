@@ -182,7 +182,11 @@ def test_slack_gets_the_pool_incident_then_its_resolution_in_its_thread(demo: De
     in_thread = [b for b in boxes if f"reply in thread {thread}" in b]
     resolved = [b for b in in_thread if "Resolved*: connection_pool_exhaustion" in _text(b)]
     assert resolved, in_thread
-    assert demo.stdout.index(resolved[0]) > demo.stdout.index("Restarting the service")
+    # The capacity search fills the pool before the traffic does, and the daemon posts that too: on a
+    # busy machine it has cleared (and resolved) before the traffic fills the pool again in the same
+    # thread. The restart's fix is what must resolve it last.
+    restart = demo.stdout.index("Restarting the service")
+    assert any(demo.stdout.index(b) > restart for b in resolved), resolved
 
 
 def test_one_top_level_message_per_incident_and_the_channel_last(demo: DemoRun) -> None:
