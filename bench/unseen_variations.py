@@ -57,6 +57,9 @@ from tests.fixtures.variations import counter_reset, downsampled, long_incident 
 FIXTURES = REPO / "tests" / "fixtures"
 DEFAULT_DIRS = [FIXTURES / "unseen", FIXTURES / "unseen2", FIXTURES / "unseen3"]
 RESTART_BEFORE_S = 120
+Sample = tuple[SeriesSpec, float, float]
+#: The parts of a histogram or summary family whose samples count up.
+PARTS = ("_bucket", "_count", "_sum")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Bed:
 def load_bed(path: Path) -> Bed:
     info = yaml.safe_load((path / "bed.yaml").read_text(encoding="utf-8"))
     specs: dict[str, SeriesSpec] = {}
-    samples: list[tuple[SeriesSpec, float, float]] = []
+    samples: list[Sample] = []
     with gzip.open(path / "series.om.gz", "rt", encoding="utf-8") as lines:
         for line in lines:
             if not line.strip() or line.startswith("#"):
@@ -93,10 +96,6 @@ def load_bed(path: Path) -> Bed:
         interval_s=float(info.get("scrape_interval_s", 15)),
     )
     return Bed(path, info, timeline)
-
-
-Sample = tuple[SeriesSpec, float, float]
-PARTS = ("_bucket", "_count", "_sum")
 
 
 def _cumulative(samples: list[Sample], specs: set[SeriesSpec]) -> frozenset[SeriesSpec]:
@@ -133,6 +132,10 @@ class Case:
     incident_at: int
 
 
+def _at_last_instants(bed: Bed, timeline: Timeline) -> Case:
+    return Case(timeline, bed.info["healthy_at"][-1], bed.info["incident_at"][-1])
+
+
 def _until_fix(bed: Bed) -> Timeline:
     fix = float(bed.info.get("fix_s", bed.timeline.end_s + 1))
     kept = tuple(s for s in bed.timeline.samples if s[1] < fix)
@@ -150,9 +153,8 @@ def _grid(seconds: int, phase: int = 0) -> Callable[[Bed], Case]:
     """Scrapes every ``seconds``, the grid starting ``phase`` recorded scrapes after the first: which
     of the recorded scrapes a coarser one would have caught is chance, so every phase is a case."""
     def varied(bed: Bed) -> Case:
-        last = bed.info["healthy_at"][-1], bed.info["incident_at"][-1]
         start = bed.timeline.start_s + phase * bed.timeline.interval_s
-        return Case(downsampled(replace(bed.timeline, start_s=start), seconds), *last)
+        return _at_last_instants(bed, downsampled(replace(bed.timeline, start_s=start), seconds))
 
     return varied
 
@@ -176,11 +178,11 @@ def _scrapes_missing(bed: Bed, every: int = 5) -> Case:
         for spec, at, value in timeline.samples
         if spec.name == "up" or not failed(spec, at)
     )
-    return Case(replace(timeline, samples=samples), bed.info["healthy_at"][-1], bed.info["incident_at"][-1])
+    return _at_last_instants(bed, replace(timeline, samples=samples))
 
 
 VARIATIONS: dict[str, Callable[[Bed], Case]] = {
-    "recorded": lambda b: Case(b.timeline, b.info["healthy_at"][-1], b.info["incident_at"][-1]),
+    "recorded": lambda b: _at_last_instants(b, b.timeline),
     "2h-incident": _two_hours,
     "30s-scrapes": _grid(30),
     "30s-scrapes+15s": _grid(30, 1),
