@@ -213,6 +213,31 @@ EVIDENCE_GONE: dict[tuple[str, str, str], str] = {
         "4 of the 5 scrapes in 5 minutes failed; the one that landed read 83 of 128 descriptors (65%), "
         "under the 75% at which failed scrapes count as at the limit (a hung or restarting process)"
     ),
+    ("apache-max-request-workers", "60s-scrapes", "incident"): (
+        "every scrape of apache on this grid failed from the onset to the instant; the last that landed, "
+        "before the onset, read 1 busy of 10 workers"
+    ),
+    ("apache-prefork-max-request-workers", "60s-scrapes", "incident"): (
+        "every scrape of apache on this grid failed from the onset to the instant; the last that landed, "
+        "before the onset, read 3 busy of 12 workers"
+    ),
+    ("pgbouncer-max-client-conn", "60s-scrapes+15s", "incident"): (
+        "the grid's scrapes in 5 minutes read 22, 11, 21, 26, 13 client connections of max_client_conn 40 "
+        "(PgBouncer counts no refusals): the recorded scrapes at 40 and 41 fall between them"
+    ),
+    **{
+        ("node-pg-client-max-connections", variation, "incident"): (
+            f"the grid's scrapes in 5 minutes read at most {peak} of the 25 usable connections "
+            "(pg_stat_activity_count; PostgreSQL's exporter counts no refusals): the recorded "
+            "scrape at 24 falls between them"
+        )
+        for variation, peak in (
+            ("30s-scrapes+15s", 22),
+            ("60s-scrapes+15s", 22),
+            ("60s-scrapes+30s", 20),
+            ("60s-scrapes+45s", 20),
+        )
+    },
     ("apache-max-request-workers-near", "60s-scrapes+30s", "incident"): (
         "the grid's scrapes in 5 minutes read 6, 4, 7, 5, 4 busy of 10 workers: the recorded scrapes at "
         "10 all fall between them"
