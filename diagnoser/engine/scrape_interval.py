@@ -10,7 +10,8 @@ measured from the ``up`` series themselves (Prometheus writes one per scrape, fa
     config = await with_scrape_floor(config, prometheus, at)   # 2m at 15 s, 4m at 30 s, 5m at 60 s
 
 The interval is the finest one any target is scraped at (the most samples of ``up`` in
-:data:`PROBE_WINDOW_S`), so an estate with some targets at 15 s keeps today's window for all.
+:data:`PROBE_WINDOW_S`, of the targets already scraped before it), so an estate with some targets
+at 15 s keeps today's window for all, and an instant with under 5 minutes of history keeps it too.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ ROUND_S = 30.0
 
 async def scrape_interval(source: PrometheusSource, at: datetime) -> float | None:
     """The finest scrape interval of any target at ``at`` (seconds), or ``None`` when unknown."""
-    query = f"max(count_over_time(up[{format_duration(PROBE_WINDOW_S)}]))"
+    # Only targets scraped before the range began (a sample in the 5 minutes before it): a target
+    # with 4 minutes of history holds 16 samples at 15 s, which would read as 19 s scrapes.
+    window = format_duration(PROBE_WINDOW_S)
+    query = f"max(count_over_time(up[{window}]) and up offset {window})"
     samples = await source.query(query, at)
     if isinstance(samples, SourceError) or not samples:
         return None
