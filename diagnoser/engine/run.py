@@ -35,6 +35,7 @@ from diagnoser.engine.coverage import (
 from diagnoser.engine.deadline import Deadline
 from diagnoser.engine.evaluate import RuleOutcome, evaluate
 from diagnoser.engine.rank import rank_findings
+from diagnoser.engine.scrape_interval import with_scrape_floor
 from diagnoser.engine.silences import apply_silences
 from diagnoser.models import Diagnosis, SourceError
 from diagnoser.probe.result import ProbeResult
@@ -180,6 +181,8 @@ async def run_diagnosis(
             if built.sources.prometheus is not None
             else None
         )
+        # Windows that hold enough scrapes at the instant's scrape interval (2m at 15 s, 8m at 60 s).
+        config = await with_scrape_floor(config, built.sources.prometheus, instant)
         outcomes: list[RuleOutcome] = []
         rules_s = clock.for_rules()
         rules_end = time.monotonic() + rules_s
