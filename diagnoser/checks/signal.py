@@ -177,6 +177,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                     detail=alternative.what,
                     convention=expansion.convention.name,
                     caveat="; ".join(expansion.notes) or None,
+                    setting=" / ".join(expansion.settings) or None,
                 ),
             )
     return list(rows.values())
