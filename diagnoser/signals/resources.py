@@ -37,7 +37,7 @@ __all__ = ["MEASURES", "Measure", "Resource", "ResourceSpec", "resource_from_spe
 
 Measure = Literal[
     "peak", "at_limit", "limit", "configured", "used", "failed", "queued", "queued_peak", "refused",
-    "pressure",
+    "pressure", "last_used", "last_limit",
 ]
 MEASURES: tuple[Measure, ...] = (
     "peak",
@@ -50,6 +50,8 @@ MEASURES: tuple[Measure, ...] = (
     "queued_peak",
     "refused",
     "pressure",
+    "last_used",
+    "last_limit",
 )
 TARGET_LABELS = ("namespace", "job", "instance")
 #: Failed scrapes of a resource's exporter count as scrapes at its limit only when the scrapes that
@@ -200,7 +202,9 @@ def resource_query(
     ``at_limit`` the share of failed scrapes then counts when it is the larger); ``limit`` is
     the usable limit, ``configured`` the configured one (where they differ); ``failed`` the share
     of the window's steps its exporter failed at; ``queued`` is the mean waiting, ``queued_peak`` the most;
-    ``refused`` refusals per second; ``pressure`` either, where above 0. Queues and refusals of
+    ``refused`` refusals per second; ``pressure`` either, where above 0; ``last_used`` and
+    ``last_limit`` the use and the limit at the last scrape within ``window`` that carried them (an
+    exporter refused by its server carries neither: what it showed last). Queues and refusals of
     several series are summed per label set they have: a backend's queue (no ``server`` label)
     stays beside a server's.
     """
@@ -239,6 +243,10 @@ def resource_query(
         return f'max {by} ({at_limit} or label_replace({blind}, "scrapes", "failed", "", ""))'
     if measure == "limit":
         return limit
+    if measure == "last_used":
+        return f"last_over_time(({used} and {limit}){ranged})"
+    if measure == "last_limit":
+        return f"last_over_time({limit}{ranged})"
     if measure == "configured":
         return None if resource.configured is None else f"(max {by} ({resource.configured}) > 0)"
     if measure == "used":
