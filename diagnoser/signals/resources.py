@@ -88,6 +88,10 @@ class ResourceSpec(BaseModel):
     #: The exporter's own gauge of whether it could read the server (``pg_up``, ``mysql_up``):
     #: 0, like the target's ``up`` 0, is a failed scrape.
     up: str | None = None
+    #: A wider limit of the same target this one falls under (HAProxy's global maxconn over a
+    #: frontend's, which inherits it): where this limit is the wider one or more, the wider one
+    #: binds, and the resource is left to the entry of that limit (one limit, one finding).
+    within: str | None = None
     labels: list[str] = Field(default_factory=list)
     queued: list[str] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
@@ -113,6 +117,7 @@ class Resource:
     configured: str | None = None
     reserved: str | None = None
     up: str | None = None
+    within: str | None = None
 
     @property
     def required(self) -> frozenset[str]:
@@ -126,7 +131,7 @@ class Resource:
 
 def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
     """A catalogued resource; ``ValueError`` naming ``where`` when its PromQL does not parse."""
-    optional = [text for text in (spec.configured, spec.reserved, spec.up) if text is not None]
+    optional = [text for text in (spec.configured, spec.reserved, spec.up, spec.within) if text is not None]
     for text in (spec.used, spec.limit, *optional, *spec.queued, *spec.refused):
         try:
             parse(text)
@@ -146,6 +151,7 @@ def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
         configured=spec.configured,
         reserved=spec.reserved,
         up=spec.up,
+        within=spec.within,
     )
 
 
@@ -219,6 +225,11 @@ def resource_query(
     if resource.reserved is not None:
         usable = f"({usable}) - (({resource.reserved}) or ({usable}) * 0)"
     limit = f"(max {by} ({usable}) > 0)"
+    if resource.within is not None:
+        # Where the wider limit is no higher, it binds: the resource is left to its entry.
+        target = ", ".join(TARGET_LABELS)
+        wider = f"max by ({target}) ({resource.within})"
+        limit = f"({limit} unless ({limit} >= on ({target}) group_left {wider}))"
     ranged = f"[{window}:{resolution}]"
     if measure == "peak":
         peak = f"max_over_time(({used} / {limit}){ranged})"
