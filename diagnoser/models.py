@@ -151,6 +151,9 @@ class Evidence(BaseModel):
     convention: str | None = None
     #: What a reader must know about this measurement (``use time includes the wait``).
     caveat: str | None = None
+    #: The setting that configures the measured value, as its library spells it
+    #: (``SetMaxOpenConns``), where the catalogue knows it.
+    setting: str | None = None
     #: The rule condition's name (``pending``, ``max``), or ``value`` for its first condition.
     name: str | None = None
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
+from diagnoser.numbers import format_number
 from diagnoser.promql import duration_seconds
 from diagnoser.signals import (
     Catalogue,
@@ -45,6 +46,7 @@ from diagnoser.signals import (
     validate_template,
 )
 from diagnoser.signals.claims import claims
+from diagnoser.signals.expand import references
 from diagnoser.signals.holdings import Holdings, holdings
 from diagnoser.signals.recognition import recognition
 from diagnoser.signals.target_info import identities
@@ -55,6 +57,13 @@ __all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
 SOURCE = "prometheus"
 #: Metric names are looked up over at least this long before the instant evaluated.
 MIN_NAMES_LOOKBACK_S = 300.0
+#: A quantile read from a classic histogram at or above this share of the family's highest finite
+#: ``le`` is said to be capped by it: ``histogram_quantile`` answers that bound for any quantile
+#: that falls in the ``+Inf`` bucket, so the true p99 may be far above. The false positive: the
+#: caveat on a p99 well inside the buckets (prometheus_client's default buckets end at 10 s: the
+#: gateways of py-httpx-remote-service-slow and haproxy-global-maxconn read 2-7 s); checked on
+#: those beds and the instrumentator's (buckets to 1 s) in the atlas recordings.
+NEAR_TOP_BUCKET = 0.9
 
 
 def catalogue_of(info: ValidationInfo) -> Catalogue:
@@ -150,6 +159,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
         _ask_inferred(source, params, catalogue, present, ctx, lookback),
     )
     planned = [*catalogued, *inferred]
+    tops = await _top_buckets(source, planned, ctx)
     pushed = any(
         expansion.convention.otel and "/" in sample.labels.get("job", "")
         for _, expansion, samples in planned
@@ -166,6 +176,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                 continue
             labels = normalise_labels(sample.labels, expansion.convention, who)
             key = tuple(sorted((k, v) for k, v in labels.items() if k != "job"))
+            notes = [*expansion.notes, *_capped(alternative, expansion, sample, tops)]
             rows.setdefault(
                 key,
                 Evidence(
@@ -176,13 +187,78 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                     threshold=params.threshold,
                     detail=alternative.what,
                     convention=expansion.convention.name,
-                    caveat="; ".join(expansion.notes) or None,
+                    caveat="; ".join(notes) or None,
+                    setting=" / ".join(expansion.settings) or None,
                 ),
             )
     return list(rows.values())
 
 
 Planned = list[tuple[Alternative, Expansion]]
+#: Per bucket selector, the highest finite ``le`` in seconds, per job ('' for any job).
+TopBuckets = dict[str, dict[str, float]]
+
+
+def _bucket_forms(alternative: Alternative, expansion: Expansion) -> list[tuple[str, float]]:
+    """The bucket selectors (and their scale to seconds) a quantile query of ``alternative`` reads."""
+    if "histogram_quantile" not in alternative.query:
+        return []
+    forms = expansion.convention.forms
+    return [
+        (forms[name].selector("_bucket"), forms[name].scale)
+        for name, part in references(alternative.query)
+        if part == "bucket" and name in forms
+    ]
+
+
+async def _top_buckets(
+    source: PrometheusSource,
+    planned: list[tuple[Alternative, Expansion, list[Sample] | SourceError]],
+    ctx: CheckContext,
+) -> TopBuckets:
+    """The highest finite ``le`` of each classic histogram a quantile that answered was read from:
+    whatever the convention, the family's own buckets say where its quantiles stop."""
+    wanted: dict[str, float] = {}
+    for alternative, expansion, samples in planned:
+        if isinstance(samples, SourceError) or not samples:
+            continue
+        for selector, scale in _bucket_forms(alternative, expansion):
+            wanted.setdefault(selector, scale)
+    selectors = list(wanted)
+    answers = await asyncio.gather(
+        *(source.query(f"count by (job, le) (last_over_time({sel}[5m]))", ctx.at) for sel in selectors)
+    )
+    tops: TopBuckets = {}
+    for selector, answer in zip(selectors, answers, strict=True):
+        if isinstance(answer, SourceError):
+            continue
+        per_job: dict[str, float] = {}
+        for sample in answer:
+            try:
+                le = float(sample.labels.get("le", "nan")) * wanted[selector]
+            except ValueError:
+                continue
+            if math.isnan(le) or math.isinf(le):
+                continue
+            for job in (sample.labels.get("job", ""), ""):
+                per_job[job] = max(per_job.get(job, le), le)
+        tops[selector] = per_job
+    return tops
+
+
+def _capped(alternative: Alternative, expansion: Expansion, sample: Sample, tops: TopBuckets) -> list[str]:
+    """A caveat when the quantile reads at or near its histogram's highest finite bucket."""
+    notes = []
+    for selector, _ in _bucket_forms(alternative, expansion):
+        per_job = tops.get(selector, {})
+        top = per_job.get(sample.labels.get("job", ""), per_job.get(""))
+        if top is not None and top > 0 and sample.value >= NEAR_TOP_BUCKET * top:
+            bound = format_number(top)
+            notes.append(
+                f"the histogram's highest finite bucket is {bound} s, so a quantile above it"
+                f" reads as {bound} s"
+            )
+    return list(dict.fromkeys(notes))
 
 
 def expansions_of(params: SignalParams, catalogue: Catalogue, present: Holdings) -> Planned:

@@ -451,6 +451,8 @@ def _template_values(
             values.update(_labels_beyond(condition.name, rows, labels))
             if rows and rows[0].detail:
                 values[f"{condition.name}_detail"] = rows[0].detail
+            if rows and rows[0].setting:
+                values[f"{condition.name}_setting"] = rows[0].setting
         notes.extend(r.caveat for r in rows[:1] if r.caveat and r.caveat not in notes)
     if notes:
         values["caveats"] = " Note: " + "; ".join(notes) + "."

@@ -141,6 +141,7 @@ def _missing_placeholders(rule: Rule, lint: LintInputs) -> list[str]:
     named = {c.name for c in (*rule.when, *rule.evidence) if c.name}
     known = _ALWAYS | set(rule.compute) | {f"params.{p}" for p in rule.params} | {"slo.p99_seconds"}
     known |= named | {f"{n}_count" for n in named} | {f"{n}_detail" for n in named}
+    known |= {f"{n}_setting" for n in named}
     if rule.onset is not None:
         known |= {"since", "baseline_at"}
     if rule.group_by:

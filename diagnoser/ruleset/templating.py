@@ -10,7 +10,9 @@ Two small languages, both deliberately tiny:
   failing (a report with one hole beats no report; a rule leaves a clause about a value some
   libraries do not export in ``{?name ...?}``, so the sentence drops out instead), and a missing
   ``..._detail`` or ``caveats`` field as nothing: they are optional remarks. Numbers never come
-  out in scientific notation (:func:`~diagnoser.numbers.format_number`).
+  out in scientific notation (:func:`~diagnoser.numbers.format_number`). A count and its noun
+  agree with ``{name:spec|singular|plural}``: ``{calls:.2g|call|calls}`` reads "1 call" or
+  "1.5 calls", the noun chosen from the number as printed.
 """
 
 from __future__ import annotations
@@ -172,6 +174,9 @@ class _LenientFormatter(string.Formatter):
         return super().get_field(field_name, args, kwargs)
 
     def format_field(self, value: Any, format_spec: str) -> str:
+        spec, bar, nouns = format_spec.partition("|")
+        if bar:
+            return _counted(self.format_field(value, spec), nouns)
         if isinstance(value, _Missing):
             return value.text
         if value is None:
@@ -190,6 +195,16 @@ class _LenientFormatter(string.Formatter):
 
 
 _EXPONENT = re.compile(r"\d[eE][+-]?\d")
+
+
+def _counted(number: str, nouns: str) -> str:
+    """``number`` and the noun of ``singular|plural`` that agrees with it as printed: "1 call",
+    "0 calls", "1.5 calls" (a value not measured keeps its text, without a noun)."""
+    singular, _, plural = nouns.partition("|")
+    if not re.fullmatch(r"-?\d+(?:\.\d+)?", number.replace(",", "")):
+        return number
+    noun = singular if number.lstrip("-") == "1" else (plural or singular)
+    return f"{number} {noun}"
 
 
 def _precision(format_spec: str) -> int | None:

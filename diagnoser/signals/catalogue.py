@@ -89,6 +89,9 @@ class Form:
     scale: float = 1.0
     #: Said in the evidence whenever this form answered (``includes pool wait``).
     note: str | None = None
+    #: The setting this value is configured by, as the library spells it (``SetMaxOpenConns``):
+    #: a finding about a limit names what to change.
+    setting: str | None = None
     #: For an OpenTelemetry convention: the escaped names this form has under every OTLP
     #: translation strategy (:func:`diagnoser.signals.otlp.spellings`); empty: its name only.
     spellings: frozenset[str] = frozenset()
@@ -102,6 +105,7 @@ class _FormSpec(_Strict):
     metric: str
     unit: str | None = None
     note: str | None = None
+    setting: str | None = None
 
 
 class _ConventionSpec(_Strict):
@@ -212,7 +216,8 @@ def _form(signal: str, spec: str | _FormSpec, definition: SignalDef, where: str)
             raise ConfigError(f"{where}: {signal}: unit {unit!r} is not one of {sorted(TIME_UNITS)}")
         scale = TIME_UNITS[unit]
     note = spec.note if isinstance(spec, _FormSpec) else None
-    return Form(metric=metric, matchers=tuple(matchers), scale=scale, note=note)
+    setting = spec.setting if isinstance(spec, _FormSpec) else None
+    return Form(metric=metric, matchers=tuple(matchers), scale=scale, note=note, setting=setting)
 
 
 def _otel_form(form: Form, definition: SignalDef) -> Form:

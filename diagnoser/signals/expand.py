@@ -56,6 +56,8 @@ class Expansion:
     query: str
     #: Caveats of the forms used (``use time includes pool wait``).
     notes: tuple[str, ...] = ()
+    #: The settings that configure the values of the forms used (``SetMaxOpenConns``).
+    settings: tuple[str, ...] = ()
 
 
 def references(template: str) -> list[tuple[str, str | None]]:
@@ -179,11 +181,14 @@ def _expand(template: str, convention: Convention) -> Expansion:
     text, refs = _placeholders(template)
     _promql(template)
     notes: list[str] = []
+    settings: list[str] = []
     replacements: dict[str, Replacement] = {}
     for index, (name, part) in enumerate(refs):
         form = convention.forms[name]
         if form.note and form.note not in notes:
             notes.append(form.note)
+        if form.setting and form.setting not in settings:
+            settings.append(form.setting)
         replacements[f"{_PLACEHOLDER}{index}"] = Replacement(
             metric=_series(form, part),
             matchers=form.matchers,
@@ -192,7 +197,7 @@ def _expand(template: str, convention: Convention) -> Expansion:
             buckets=part == "bucket",
         )
     query = rewrite(text, replacements.get, lambda label: _source_labels(convention, label))
-    return Expansion(convention=convention, query=query, notes=tuple(notes))
+    return Expansion(convention=convention, query=query, notes=tuple(notes), settings=tuple(settings))
 
 
 #: Normalised labels that name a database, and the labels OpenTelemetry's semantic conventions spell

@@ -37,7 +37,7 @@ __all__ = ["MEASURES", "Measure", "Resource", "ResourceSpec", "resource_from_spe
 
 Measure = Literal[
     "peak", "at_limit", "limit", "configured", "used", "failed", "queued", "queued_peak", "refused",
-    "pressure",
+    "pressure", "last_used", "last_limit",
 ]
 MEASURES: tuple[Measure, ...] = (
     "peak",
@@ -50,6 +50,8 @@ MEASURES: tuple[Measure, ...] = (
     "queued_peak",
     "refused",
     "pressure",
+    "last_used",
+    "last_limit",
 )
 TARGET_LABELS = ("namespace", "job", "instance")
 #: Failed scrapes of a resource's exporter count as scrapes at its limit only when the scrapes that
@@ -86,6 +88,10 @@ class ResourceSpec(BaseModel):
     #: The exporter's own gauge of whether it could read the server (``pg_up``, ``mysql_up``):
     #: 0, like the target's ``up`` 0, is a failed scrape.
     up: str | None = None
+    #: A wider limit of the same target this one falls under (HAProxy's global maxconn over a
+    #: frontend's, which inherits it): where this limit is the wider one or more, the wider one
+    #: binds, and the resource is left to the entry of that limit (one limit, one finding).
+    within: str | None = None
     labels: list[str] = Field(default_factory=list)
     queued: list[str] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
@@ -111,6 +117,7 @@ class Resource:
     configured: str | None = None
     reserved: str | None = None
     up: str | None = None
+    within: str | None = None
 
     @property
     def required(self) -> frozenset[str]:
@@ -124,7 +131,7 @@ class Resource:
 
 def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
     """A catalogued resource; ``ValueError`` naming ``where`` when its PromQL does not parse."""
-    optional = [text for text in (spec.configured, spec.reserved, spec.up) if text is not None]
+    optional = [text for text in (spec.configured, spec.reserved, spec.up, spec.within) if text is not None]
     for text in (spec.used, spec.limit, *optional, *spec.queued, *spec.refused):
         try:
             parse(text)
@@ -144,6 +151,7 @@ def resource_from_spec(spec: ResourceSpec, where: str) -> Resource:
         configured=spec.configured,
         reserved=spec.reserved,
         up=spec.up,
+        within=spec.within,
     )
 
 
@@ -200,7 +208,9 @@ def resource_query(
     ``at_limit`` the share of failed scrapes then counts when it is the larger); ``limit`` is
     the usable limit, ``configured`` the configured one (where they differ); ``failed`` the share
     of the window's steps its exporter failed at; ``queued`` is the mean waiting, ``queued_peak`` the most;
-    ``refused`` refusals per second; ``pressure`` either, where above 0. Queues and refusals of
+    ``refused`` refusals per second; ``pressure`` either, where above 0; ``last_used`` and
+    ``last_limit`` the use and the limit at the last scrape within ``window`` that carried them (an
+    exporter refused by its server carries neither: what it showed last). Queues and refusals of
     several series are summed per label set they have: a backend's queue (no ``server`` label)
     stays beside a server's.
     """
@@ -215,6 +225,11 @@ def resource_query(
     if resource.reserved is not None:
         usable = f"({usable}) - (({resource.reserved}) or ({usable}) * 0)"
     limit = f"(max {by} ({usable}) > 0)"
+    if resource.within is not None:
+        # Where the wider limit is no higher, it binds: the resource is left to its entry.
+        target = ", ".join(TARGET_LABELS)
+        wider = f"max by ({target}) ({resource.within})"
+        limit = f"({limit} unless ({limit} >= on ({target}) group_left {wider}))"
     ranged = f"[{window}:{resolution}]"
     if measure == "peak":
         peak = f"max_over_time(({used} / {limit}){ranged})"
@@ -239,6 +254,10 @@ def resource_query(
         return f'max {by} ({at_limit} or label_replace({blind}, "scrapes", "failed", "", ""))'
     if measure == "limit":
         return limit
+    if measure == "last_used":
+        return f"last_over_time(({used} and {limit}){ranged})"
+    if measure == "last_limit":
+        return f"last_over_time({limit}{ranged})"
     if measure == "configured":
         return None if resource.configured is None else f"(max {by} ({resource.configured}) > 0)"
     if measure == "used":

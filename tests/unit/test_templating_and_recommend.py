@@ -90,3 +90,17 @@ def test_format_text_is_lenient() -> None:
     assert format_text("{value:.2f}", {"value": math.inf}) == "unbounded"
     assert format_text("{value:.2f}", {"value": math.nan}) == "not measured"
     assert format_text("{broken", {}) == "{broken"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1.0, "1 call per request"), (1.04, "1 call per request"), (2.0, "2 calls per request"),
+     (1.5, "1.5 calls per request"), (0.0, "0 calls per request"), (None, "not measured per request")],
+)
+def test_a_count_and_its_noun_agree_as_printed(value: float | None, expected: str) -> None:
+    assert format_text("{n:.2g|call|calls} per request", {"n": value}) == expected
+
+
+def test_a_noun_without_a_plural_and_a_percentage() -> None:
+    assert format_text("{n:.0f|sheep} left", {"n": 3.0}) == "3 sheep left"
+    assert format_text("{n:.0f|replica|replicas}", {"n": 1.0}) == "1 replica"
