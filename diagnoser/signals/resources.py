@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagnoser.promql import format_number, metric_names, parse, quote
+from diagnoser.promql import format_duration, format_number, metric_names, parse, quote
 
 __all__ = ["MEASURES", "Measure", "Resource", "ResourceSpec", "resource_from_spec", "resource_query"]
 
@@ -54,6 +54,10 @@ MEASURES: tuple[Measure, ...] = (
     "last_limit",
 )
 TARGET_LABELS = ("namespace", "job", "instance")
+#: How far back a target must have shown a resource's limit for its failed scrapes to be that
+#: resource's (the ``failed`` measure), read at one-minute steps: a server's storm can outlast an
+#: hour (mariadb-pooled-replicas under the variation harness's two-hour incident).
+FAILED_TARGET_LOOKBACK_S = 6 * 3600.0
 #: Failed scrapes of a resource's exporter count as scrapes at its limit only when the scrapes that
 #: landed in the same window peaked at this share of the limit or more. An exporter that needs a
 #: connection of its own (mysqld_exporter, one per scrape) fails exactly when the server is full,
@@ -267,9 +271,12 @@ def resource_query(
         if failed is None:
             return None
         # The share of the window's instants it failed at, for the resource's own targets only:
-        # those with a limit in the window.
+        # those that showed a limit within the last hours. Not within the window alone: an exporter
+        # refused for longer than the window (a two-hour storm at a server's connection limit)
+        # shows no limit in it, and its target would drop out of the very measure of its failing.
         on = f"on ({', '.join(TARGET_LABELS)})"
-        return f"avg_over_time({failed}{ranged}) and {on} max_over_time({limit}{ranged})"
+        shown = f"max_over_time({limit}[{format_duration(FAILED_TARGET_LOOKBACK_S)}:1m])"
+        return f"avg_over_time({failed}{ranged}) and {on} {shown}"
     if measure in ("queued", "queued_peak"):
         if not resource.queued:
             return None
