@@ -57,7 +57,8 @@ from tests.fixtures.expositions.timeline import Timeline  # noqa: E402
 from tests.fixtures.variations import counter_reset, downsampled, long_incident  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
-DEFAULT_DIRS = [FIXTURES / "unseen", FIXTURES / "unseen2", FIXTURES / "unseen3"]
+#: Every round of recorded beds: ``unseen``, ``unseen2``, ...
+DEFAULT_DIRS = sorted(p for p in FIXTURES.glob("unseen*") if p.is_dir())
 RESTART_BEFORE_S = 120
 Sample = tuple[SeriesSpec, float, float]
 #: The parts of a histogram or summary family whose samples count up.
