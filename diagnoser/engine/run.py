@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: The longest the scrape-interval lookup may take before the rules start without it.
+SCRAPE_FLOOR_TIMEOUT_S = 2.0
 
 #: Supplies this diagnosis's probe result: a prepared probe run now, or (the daemon) the latest one.
 ProbeSupplier = Callable[[], Awaitable[ProbeResult | None]]
@@ -181,8 +183,17 @@ async def run_diagnosis(
             if built.sources.prometheus is not None
             else None
         )
-        # Windows that hold enough scrapes at the instant's scrape interval (2m at 15 s, 8m at 60 s).
-        config = await with_scrape_floor(config, built.sources.prometheus, instant)
+        # Windows that hold enough scrapes at the instant's scrape interval (2m at 15 s, 5m at 60 s),
+        # asked within a small share of the rules' time: a Prometheus that does not answer keeps
+        # the configured windows and leaves the rules their deadline.
+        try:
+            config = await asyncio.wait_for(
+                with_scrape_floor(config, built.sources.prometheus, instant),
+                min(SCRAPE_FLOOR_TIMEOUT_S, clock.for_rules() / 4),
+            )
+        except TimeoutError:
+            log.warning("scrape interval not known in time: confirmation window kept at %s",
+                        config.variables.confirm_window)
         outcomes: list[RuleOutcome] = []
         rules_s = clock.for_rules()
         rules_end = time.monotonic() + rules_s

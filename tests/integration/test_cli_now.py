@@ -32,7 +32,8 @@ def test_json_report_names_pool_exhaustion_first_with_pool_size(incident_prometh
     assert first["runbook_url"].endswith("rules/pools/pool-exhaustion.md")
     evidence = first["evidence"][0]
     assert set(evidence) == {
-        "source", "query", "labels", "value", "threshold", "detail", "name", "convention", "caveat", "text",
+        "source", "query", "labels", "value", "threshold", "detail", "name", "convention", "setting", "caveat",
+        "text",
     }  # fmt: skip
     assert evidence["name"] == "connection_pool_exhaustion_ratio"  # the first condition: a share of the pool
     assert evidence["source"] == "prometheus"

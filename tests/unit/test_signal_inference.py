@@ -425,7 +425,9 @@ def test_a_catalogued_entry_missing_its_limit_is_rejected_with_the_name_missing(
         mysql_global_status_connection_errors_total=("error",),
     )
     found = _recognise(labels)
-    assert [r.entry for r in found.rejected] == ["mysqld-exporter"]
+    # Both entries of the exporter read a global variable as their limit.
+    assert [r.entry for r in found.rejected] == ["mysqld-exporter", "mysqld-exporter-max-user-connections"]
+    assert "mysql_global_variables_max_user_connections absent" in found.rejected[1].reason
     assert found.rejected[0].reason == (
         "mysql_global_variables_max_connections absent, so the entry cannot compare use and limit"
     )
