@@ -28,7 +28,7 @@ from diagnoser.errors import NoDataFound
 from diagnoser.models import Evidence, SourceError
 from diagnoser.promql import duration_seconds
 from diagnoser.signals.recognition import recognition
-from diagnoser.signals.resources import FAILED_TARGET_LOOKBACK_S, Measure, Resource, resource_query
+from diagnoser.signals.resources import Measure, Resource, resource_query
 from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["ResourceParams", "resource_check"]
@@ -64,10 +64,11 @@ def _wanted(resource: Resource, params: ResourceParams) -> bool:
 @check_kind("resource", params=ResourceParams, reads={SOURCE})
 async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
-    lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window), duration_seconds(params.window))
-    if params.measure == "failed":
-        # Its targets are those that showed the limit within hours: so must the names be.
-        lookback = max(lookback, FAILED_TARGET_LOOKBACK_S)
+    # The names of the diagnosis' window, whatever the measure's own range: one recognition for
+    # every check of the instant (a longer range would be a second one, at every diagnosis). A
+    # server whose series went stale hours ago is still named by a live Prometheus, whose head
+    # block answers names for the hours it holds.
+    lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window))
     recognised = await recognition(source, ctx.catalogue, ctx.at, lookback)
     if isinstance(recognised, SourceError):
         return recognised
