@@ -159,7 +159,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
         _ask_inferred(source, params, catalogue, present, ctx, lookback),
     )
     planned = [*catalogued, *inferred]
-    tops = await _top_buckets(source, planned, ctx)
+    tops = await _top_buckets(source, planned, params, ctx)
     pushed = any(
         expansion.convention.otel and "/" in sample.labels.get("job", "")
         for _, expansion, samples in planned
@@ -171,12 +171,13 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
             return samples
+        buckets = _bucket_forms(alternative, expansion)
         for sample in samples:
             if not _holds(sample.value, params):
                 continue
             labels = normalise_labels(sample.labels, expansion.convention, who)
             key = tuple(sorted((k, v) for k, v in labels.items() if k != "job"))
-            notes = [*expansion.notes, *_capped(alternative, expansion, sample, tops)]
+            notes = [*expansion.notes, *_capped(buckets, sample, tops)]
             rows.setdefault(
                 key,
                 Evidence(
@@ -214,13 +215,15 @@ def _bucket_forms(alternative: Alternative, expansion: Expansion) -> list[tuple[
 async def _top_buckets(
     source: PrometheusSource,
     planned: list[tuple[Alternative, Expansion, list[Sample] | SourceError]],
+    params: SignalParams,
     ctx: CheckContext,
 ) -> TopBuckets:
-    """The highest finite ``le`` of each classic histogram a quantile that answered was read from:
-    whatever the convention, the family's own buckets say where its quantiles stop."""
+    """The highest finite ``le`` of each classic histogram a quantile that holds was read from:
+    whatever the convention, the family's own buckets say where its quantiles stop. Asked only
+    for quantiles that make a row: a healthy diagnosis asks nothing."""
     wanted: dict[str, float] = {}
     for alternative, expansion, samples in planned:
-        if isinstance(samples, SourceError) or not samples:
+        if isinstance(samples, SourceError) or not any(_holds(s.value, params) for s in samples):
             continue
         for selector, scale in _bucket_forms(alternative, expansion):
             wanted.setdefault(selector, scale)
@@ -246,10 +249,11 @@ async def _top_buckets(
     return tops
 
 
-def _capped(alternative: Alternative, expansion: Expansion, sample: Sample, tops: TopBuckets) -> list[str]:
-    """A caveat when the quantile reads at or near its histogram's highest finite bucket."""
+def _capped(buckets: list[tuple[str, float]], sample: Sample, tops: TopBuckets) -> list[str]:
+    """A caveat when the quantile reads at or near the highest finite bucket of the histogram its
+    query reads (``buckets``: :func:`_bucket_forms`)."""
     notes = []
-    for selector, _ in _bucket_forms(alternative, expansion):
+    for selector, _ in buckets:
         per_job = tops.get(selector, {})
         top = per_job.get(sample.labels.get("job", ""), per_job.get(""))
         if top is not None and top > 0 and sample.value >= NEAR_TOP_BUCKET * top:
