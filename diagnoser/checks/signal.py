@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from diagnoser.checks.comparison import Comparison, compare
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
+from diagnoser.checks.top_buckets import BucketFamily, TopBuckets, capped_notes, top_buckets
 from diagnoser.models import Evidence, SourceError
-from diagnoser.numbers import format_number
 from diagnoser.promql import duration_seconds
 from diagnoser.signals import (
     Catalogue,
@@ -57,13 +58,6 @@ __all__ = ["SignalParams", "catalogue_of", "signal_check", "templates_of"]
 SOURCE = "prometheus"
 #: Metric names are looked up over at least this long before the instant evaluated.
 MIN_NAMES_LOOKBACK_S = 300.0
-#: A quantile read from a classic histogram at or above this share of the family's highest finite
-#: ``le`` is said to be capped by it: ``histogram_quantile`` answers that bound for any quantile
-#: that falls in the ``+Inf`` bucket, so the true p99 may be far above. The false positive: the
-#: caveat on a p99 well inside the buckets (prometheus_client's default buckets end at 10 s: the
-#: gateways of py-httpx-remote-service-slow and haproxy-global-maxconn read 2-7 s); checked on
-#: those beds and the instrumentator's (buckets to 1 s) in the atlas recordings.
-NEAR_TOP_BUCKET = 0.9
 
 
 def catalogue_of(info: ValidationInfo) -> Catalogue:
@@ -171,13 +165,13 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
             return samples
-        buckets = _bucket_forms(alternative, expansion)
+        buckets = [family.selector for family in _bucket_families(alternative, expansion)]
         for sample in samples:
             if not _holds(sample.value, params):
                 continue
             labels = normalise_labels(sample.labels, expansion.convention, who)
             key = tuple(sorted((k, v) for k, v in labels.items() if k != "job"))
-            notes = [*expansion.notes, *_capped(buckets, sample, tops)]
+            notes = [*expansion.notes, *capped_notes(buckets, sample, tops)]
             rows.setdefault(
                 key,
                 Evidence(
@@ -196,17 +190,15 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
 
 
 Planned = list[tuple[Alternative, Expansion]]
-#: Per bucket selector, the highest finite ``le`` in seconds, per job ('' for any job).
-TopBuckets = dict[str, dict[str, float]]
 
 
-def _bucket_forms(alternative: Alternative, expansion: Expansion) -> list[tuple[str, float]]:
-    """The bucket selectors (and their scale to seconds) a quantile query of ``alternative`` reads."""
+def _bucket_families(alternative: Alternative, expansion: Expansion) -> list[BucketFamily]:
+    """The classic histograms (``_bucket`` series) a quantile query of ``alternative`` reads."""
     if "histogram_quantile" not in alternative.query:
         return []
     forms = expansion.convention.forms
     return [
-        (forms[name].selector("_bucket"), forms[name].scale)
+        BucketFamily(f"{forms[name].metric}_bucket", forms[name].matchers, forms[name].scale, None)
         for name, part in references(alternative.query)
         if part == "bucket" and name in forms
     ]
@@ -218,51 +210,27 @@ async def _top_buckets(
     params: SignalParams,
     ctx: CheckContext,
 ) -> TopBuckets:
-    """The highest finite ``le`` of each classic histogram a quantile that holds was read from:
-    whatever the convention, the family's own buckets say where its quantiles stop. Asked only
-    for quantiles that make a row: a healthy diagnosis asks nothing."""
-    wanted: dict[str, float] = {}
+    """The highest finite ``le`` of each classic histogram a quantile that holds was read from, for
+    the jobs of its rows: asked only for quantiles that make a row, so a healthy diagnosis asks
+    nothing."""
+    wanted: dict[str, BucketFamily] = {}
+    jobs: dict[str, set[str] | None] = {}
     for alternative, expansion, samples in planned:
-        if isinstance(samples, SourceError) or not any(_holds(s.value, params) for s in samples):
+        if isinstance(samples, SourceError):
             continue
-        for selector, scale in _bucket_forms(alternative, expansion):
-            wanted.setdefault(selector, scale)
-    selectors = list(wanted)
-    answers = await asyncio.gather(
-        *(source.query(f"count by (job, le) (last_over_time({sel}[5m]))", ctx.at) for sel in selectors)
-    )
-    tops: TopBuckets = {}
-    for selector, answer in zip(selectors, answers, strict=True):
-        if isinstance(answer, SourceError):
-            continue
-        per_job: dict[str, float] = {}
-        for sample in answer:
-            try:
-                le = float(sample.labels.get("le", "nan")) * wanted[selector]
-            except ValueError:
-                continue
-            if math.isnan(le) or math.isinf(le):
-                continue
-            for job in (sample.labels.get("job", ""), ""):
-                per_job[job] = max(per_job.get(job, le), le)
-        tops[selector] = per_job
-    return tops
-
-
-def _capped(buckets: list[tuple[str, float]], sample: Sample, tops: TopBuckets) -> list[str]:
-    """A caveat when the quantile reads at or near the highest finite bucket of the histogram its
-    query reads (``buckets``: :func:`_bucket_forms`)."""
-    notes = []
-    for selector, _ in buckets:
-        per_job = tops.get(selector, {})
-        top = per_job.get(sample.labels.get("job", ""), per_job.get(""))
-        if top is not None and top > 0 and sample.value >= NEAR_TOP_BUCKET * top:
-            bound = format_number(top)
-            notes.append(
-                f"the histogram's highest finite bucket is {bound} s, so a quantile above it"
-                f" reads as {bound} s"
-            )
-    return list(dict.fromkeys(notes))
+        holding = [s for s in samples if _holds(s.value, params)]
+        for family in _bucket_families(alternative, expansion) if holding else ():
+            wanted.setdefault(family.selector, family)
+            listed = jobs.setdefault(family.selector, set())
+            if listed is None or any("job" not in s.labels for s in holding):
+                jobs[family.selector] = None  # some row is summed over jobs
+            else:
+                listed.update(s.labels["job"] for s in holding)
+    families = [
+        replace(family, jobs=None if jobs[selector] is None else frozenset(jobs[selector] or ()))
+        for selector, family in wanted.items()
+    ]
+    return await top_buckets(source, families, ctx.at)
 
 
 def expansions_of(params: SignalParams, catalogue: Catalogue, present: Holdings) -> Planned:

@@ -29,6 +29,7 @@ from diagnoser.config.parts import FindingStyle
 from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.onset import Onset, find_onsets
 from diagnoser.engine.rank import (
+    AgreeingRows,
     agrees,
     collapse_errors,
     rank_findings,
@@ -229,9 +230,10 @@ async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: 
         r if not isinstance(r, SourceError) else [] for r in (*when_results, *evidence_results)
     ]
     candidates = _candidates(rule, rows_by_condition[0])
+    others = [AgreeingRows(rows) for rows in rows_by_condition[1:]]
     kept: list[_Candidate] = []
     for labels, primary_rows in candidates:
-        matched = _match_conditions(primary_rows[0].labels, rows_by_condition[1:])
+        matched = [rows.agreeing(primary_rows[0].labels) for rows in others]
         if any(not rows for rows in matched[: len(rule.when) - 1]):
             continue
         kept.append(_Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True))))
@@ -376,12 +378,6 @@ def _candidates(rule: Rule, rows: list[Evidence]) -> list[tuple[dict[str, str], 
         ({k: v for k, v in zip(rule.group_by, key, strict=True) if v}, group_rows)
         for key, group_rows in groups.items()
     ]
-
-
-def _match_conditions(
-    labels: Mapping[str, str], rows_by_condition: Sequence[list[Evidence]]
-) -> list[list[Evidence]]:
-    return [[row for row in rows if agrees(labels, row.labels)] for rows in rows_by_condition]
 
 
 @dataclass(frozen=True)

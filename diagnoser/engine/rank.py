@@ -17,6 +17,7 @@ from diagnoser.models import Evidence, Finding, Severity, SourceError
 from diagnoser.ruleset import Rule
 
 __all__ = [
+    "AgreeingRows",
     "agrees",
     "collapse_errors",
     "fold_explained",
@@ -29,6 +30,44 @@ __all__ = [
 def agrees(labels: Mapping[str, str], other: Mapping[str, str]) -> bool:
     """Whether two label sets agree on every label they share."""
     return all(other[k] == v for k, v in labels.items() if k in other)
+
+
+class AgreeingRows:
+    """One condition's rows, looked up by the labels they agree with (:func:`agrees`).
+
+    A rule with hundreds of candidates (a service's routes, a cluster's pods) matched each one
+    against every row of every other condition: quadratic in the rows. Here the rows are indexed
+    once per set of shared label names, so each lookup costs its own hits; the rows come back in
+    their order.
+    """
+
+    #: Rows with more distinct label-name sets than this are scanned (each set is one index).
+    _MAX_SHAPES = 16
+
+    def __init__(self, rows: Sequence[Evidence]) -> None:
+        self._rows = rows
+        self._shapes: dict[frozenset[str], list[int]] = {}
+        for position, row in enumerate(rows):
+            self._shapes.setdefault(frozenset(row.labels), []).append(position)
+        self._indexes: dict[tuple[frozenset[str], tuple[str, ...]], dict[tuple[str, ...], list[int]]] = {}
+
+    def agreeing(self, labels: Mapping[str, str]) -> list[Evidence]:
+        if len(self._shapes) > self._MAX_SHAPES:
+            return [row for row in self._rows if agrees(labels, row.labels)]
+        hits: list[int] = []
+        for names, positions in self._shapes.items():
+            shared = tuple(sorted(names.intersection(labels)))
+            index = self._indexes.get((names, shared))
+            if index is None:
+                index = {}
+                for position in positions:
+                    row_labels = self._rows[position].labels
+                    index.setdefault(tuple(row_labels[k] for k in shared), []).append(position)
+                self._indexes[(names, shared)] = index
+            hits.extend(index.get(tuple(labels[k] for k in shared), ()))
+        if len(self._shapes) > 1:
+            hits.sort()
+        return [self._rows[position] for position in hits]
 
 
 def without_yielding(findings: list[Finding], rules: Sequence[Rule]) -> list[Finding]:

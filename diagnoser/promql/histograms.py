@@ -25,7 +25,8 @@ native histogram answers nothing rather than something wrong. A read the rewrite
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,7 +35,15 @@ import promql_parser as pp
 from diagnoser.promql.printer import Hooks, format_number, render, selector_text
 from diagnoser.promql.syntax import match_op, metric_names, parse, selector_name, walk
 
-__all__ = ["HISTOGRAM_PARTS", "Kind", "held", "histogram_bases", "kind_from_names", "read_histograms"]
+__all__ = [
+    "HISTOGRAM_PARTS",
+    "Kind",
+    "held",
+    "highest_bounds",
+    "histogram_bases",
+    "kind_from_names",
+    "read_histograms",
+]
 
 Kind = Literal["classic", "native", "both"]
 #: The series a classic histogram has beside its buckets, by suffix.
@@ -66,6 +75,21 @@ def kind_from_names(base: str, names: set[str] | frozenset[str]) -> Kind | None:
     if classic and native:
         return "both"
     return "classic" if classic else "native" if native else None
+
+
+def highest_bounds(label_sets: Iterable[Mapping[str, str]], by: str) -> dict[str, float]:
+    """The highest finite ``le`` among bucket series' labels, per value of the label ``by``
+    (``""`` for series without it); series with no numeric ``le`` count for nothing."""
+    bounds: dict[str, float] = {}
+    for labels in label_sets:
+        try:
+            bound = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        key = labels.get(by, "")
+        if math.isfinite(bound):
+            bounds[key] = max(bound, bounds.get(key, bound))
+    return bounds
 
 
 def held(name: str, names: set[str] | frozenset[str]) -> bool:

@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 
 from diagnoser.models import SourceError
 from diagnoser.promql import HISTOGRAM_PARTS, held, is_legacy_metric, selector_text
@@ -34,6 +35,16 @@ class Holdings:
     labels: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: Escaped name -> the present names that escape to it and are not it (``http.server...``).
     escaped: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: :func:`resolve_all`'s answers, by convention (kept with it, so its id cannot be reused):
+    #: every rule's expansions resolve the same conventions against the same holdings.
+    _resolved: dict[int, tuple[Convention, list[Convention]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @cached_property
+    def utf8_names(self) -> frozenset[str]:
+        """The present names that only a UTF-8 name can spell (``http.server.request.duration``)."""
+        return frozenset(name for name in self.names if not is_legacy_metric(name))
 
     @classmethod
     def of(cls, names: Iterable[str], labels: Mapping[str, frozenset[str]] | None = None) -> Holdings:
@@ -121,7 +132,16 @@ def resolve_all(convention: Convention, held_now: Holdings) -> list[Convention]:
     each must be read in its own spelling, never one form in each (:func:`resolve` on either half)."""
     if not convention.otel:
         return [convention]
-    utf8 = {name for name in held_now.names if not is_legacy_metric(name)}
+    known = held_now._resolved.get(id(convention))
+    if known is not None and known[0] is convention:
+        return known[1]
+    found = _resolve_all(convention, held_now)
+    held_now._resolved[id(convention)] = (convention, found)
+    return found
+
+
+def _resolve_all(convention: Convention, held_now: Holdings) -> list[Convention]:
+    utf8 = held_now.utf8_names
     if not utf8:
         return [resolve(convention, held_now)]
     legacy_spelt = {

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from diagnoser.models import SourceError
-from diagnoser.promql import quote
+from diagnoser.promql import highest_bounds, quote
 from diagnoser.signals.catalogue import Catalogue
 from diagnoser.signals.claims import claims
 from diagnoser.signals.infer import (
@@ -83,16 +83,7 @@ async def _bucket_bounds(source: PrometheusSource, names: list[str], at: datetim
     samples = await source.query(f"group by (__name__, le) ({_name_matcher(names)})", at)
     if isinstance(samples, SourceError):
         return {}
-    bounds: dict[str, float] = {}
-    for sample in samples:
-        try:
-            bound = float(sample.labels.get("le", "nan"))
-        except ValueError:
-            continue
-        name = sample.labels.get("__name__", "")
-        if math.isfinite(bound):
-            bounds[name] = max(bound, bounds.get(name, bound))
-    return bounds
+    return highest_bounds((sample.labels for sample in samples), "__name__")
 
 
 async def _overshoots(

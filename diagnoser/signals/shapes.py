@@ -171,15 +171,27 @@ def native_candidates(names: Iterable[str], metadata: Mapping[str, Mapping[str, 
     """Names that may hold native histograms of durations, whose samples must say: a name with no
     classic part of its own (``_bucket``, ``_count``, ``_sum``, ``_total``) that metadata does not
     type as something else, and that reads as a duration."""
+    present = set(names)
     found = []
-    for family in families_of(names, metadata).values():
+    for family in families_of(present, metadata).values():
         if family.type not in ("gauge", "histogram") or (family.type == "histogram" and family.histogram):
+            continue
+        if _classic_part(family.name, present):
             continue
         if family.typed_by == "metadata" and family.type != "histogram":
             continue
         if time_unit(family)[0] is not None or _DURATION_TOKENS & set(tokens(family.name)):
             found.append(family.name)
     return sorted(found)
+
+
+def _classic_part(name: str, present: set[str]) -> bool:
+    """A classic histogram's series by its name, even where its family lacks a part (a ``_sum``
+    dropped by relabelling): ``X_bucket``, or ``X_count``/``X_sum`` beside ``X_bucket``."""
+    if name.endswith("_bucket"):
+        return True
+    base = name.removesuffix("_count").removesuffix("_sum")
+    return base != name and f"{base}_bucket" in present
 
 
 def time_unit(family: Family) -> tuple[str | None, str]:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import quote as quote_path
 from urllib.parse import urlencode
 
 import httpx
@@ -318,6 +319,22 @@ class PrometheusSource:
 
         return await self._shared.run(("labels", match, at.timestamp(), lookback_s), ask)
 
+    async def label_values(
+        self, label: str, match: str, at: datetime, lookback_s: float = 300.0
+    ) -> list[str] | SourceError:
+        """``GET /api/v1/label/<label>/values?match[]=...``: the values ``label`` takes on the series
+        ``match`` selects in ``[at - lookback_s, at]``, read from the index (no samples), shared
+        per instant. Like the name list, a superset: blocks overlapping the range answer whole."""
+        start = at.timestamp() - lookback_s
+        params = {"match[]": match, "start": f"{start:.3f}", "end": f"{at.timestamp():.3f}"}
+        timeout = self.settings.query_timeout_s
+        path = f"/api/v1/label/{quote_path(label, safe='')}/values"
+
+        async def ask() -> list[str] | SourceError:
+            return await self._call(path, params, timeout, _label_values_from, match)
+
+        return await self._shared.run(("values", label, match, at.timestamp(), lookback_s), ask)
+
     async def metadata(self, at: datetime) -> dict[str, dict[str, str]] | SourceError:
         """``GET /api/v1/metadata``: type, unit and help per metric family (the first entry of each).
 
@@ -473,6 +490,12 @@ def _names_from(data: Any) -> set[str]:
     if not isinstance(data, list):
         raise TypeError(f"label values are a {type(data).__name__}, expected a list")
     return {str(name) for name in data}
+
+
+def _label_values_from(data: Any) -> list[str]:
+    if not isinstance(data, list):
+        raise TypeError(f"label values are a {type(data).__name__}, expected a list")
+    return sorted(str(value) for value in data)
 
 
 def _label_names_from(data: Any) -> list[str]:

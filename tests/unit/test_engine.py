@@ -217,3 +217,30 @@ def test_a_cause_explained_by_another_folds_into_it_once() -> None:
     # Another namespace's 503s keep their own advice.
     apart = rank_findings([elsewhere, mine])
     assert [f.recommendation for f in apart if f.cause == "load_shedding"] == ["about 28.00x the current replicas"]
+
+
+def test_rows_found_by_index_are_the_rows_that_agree_in_their_order() -> None:
+    """The candidates' join (:class:`AgreeingRows`) gives exactly what a scan with ``agrees`` gives,
+    whatever labels rows and candidates carry: shared, missing, extra, and more shapes than indexed."""
+    import random
+
+    from diagnoser.engine.rank import AgreeingRows, agrees
+
+    generator = random.Random(20261203)
+    names = ["namespace", "job", "instance", "pool", "route", "le"]
+    for shapes in (1, 3, 40):
+        layouts = [generator.sample(names, generator.randint(0, 4)) for _ in range(shapes)]
+        rows = [
+            Evidence(
+                source="prometheus",
+                query="q",
+                labels={name: f"v{generator.randint(0, 3)}" for name in generator.choice(layouts)},
+                value=float(index),
+            )
+            for index in range(300)
+        ]
+        index = AgreeingRows(rows)
+        for _ in range(200):
+            labels = {name: f"v{generator.randint(0, 3)}" for name in generator.sample(names, 3)}
+            assert index.agreeing(labels) == [row for row in rows if agrees(labels, row.labels)]
+        assert index.agreeing({}) == rows

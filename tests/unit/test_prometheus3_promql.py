@@ -167,6 +167,19 @@ def test_native_families_are_recognised_by_their_samples() -> None:
     assert recognise({name}, {}, {}, load_catalogue()).conventions == ()
 
 
+def test_a_classic_histograms_parts_are_never_asked_as_native_histograms() -> None:
+    """A histogram whose ``_sum`` was dropped (relabelling, a synthetic bed) still has its
+    ``_bucket`` and ``_count`` named as classic parts: asking ``histogram_count`` of every bucket
+    series of an estate found nothing and cost more than any rule's query."""
+    from diagnoser.signals.shapes import native_candidates
+
+    base = "shop_api_request_duration_seconds"
+    assert native_candidates({f"{base}_bucket", f"{base}_count", "up"}, {}) == []
+    assert native_candidates({f"{base}_bucket", "up"}, {}) == []
+    # A family named ..._count with no bucket series beside it may still be a native histogram.
+    assert native_candidates({"jobs_wait_seconds_count", "up"}, {}) == ["jobs_wait_seconds_count"]
+
+
 @pytest.mark.parametrize(
     ("value", "spellings"),
     [
