@@ -3,7 +3,8 @@
 Backfills a synthetic cluster (>= 50,000 series: HTTP and gRPC histograms, pools, containers,
 nodes, kube-state-metrics), then prints:
 
-* the wall time of a full diagnosis (all rules concurrently, median of several runs);
+* the wall time of a full diagnosis (all rules concurrently, median of several runs), its own CPU
+  and the HTTP requests it sends (rule queries, and the names, labels and recognition they need);
 * every distinct query timed alone, sequentially: their sum (what a one-at-a-time tool pays)
   and the slowest one (the floor for any concurrent run);
 * wall / slowest: the goal is at most 1.5.
@@ -23,7 +24,9 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import diagnoser.sources.prometheus as prometheus_source
 from diagnoser.checks.promql import AbsentParams, PromqlParams, TrendParams, trend_query
 from diagnoser.config import load_settings
 from diagnoser.engine import DiagnosisConfig, diagnose
@@ -181,6 +184,25 @@ def distinct_queries(rules, settings) -> list[str]:  # type: ignore[no-untyped-d
     return list(queries)
 
 
+class _RequestCount:
+    """Counts the HTTP requests the Prometheus source sends while entered (what a diagnosis costs
+    besides its distinct rule queries: recognition, claims, label and name lookups)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._original = prometheus_source._send
+
+    def __enter__(self) -> None:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.sent += 1
+            return await self._original(*args, **kwargs)
+
+        prometheus_source._send = counted  # type: ignore[assignment]
+
+    def __exit__(self, *_: object) -> None:
+        prometheus_source._send = self._original  # type: ignore[assignment]
+
+
 async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     settings = load_settings(
         overrides={
@@ -210,10 +232,12 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     walls: list[float] = []
     cpu: list[float] = []
     findings = errors = 0
+    requests = _RequestCount()
     for _ in range(runs):
         source = PrometheusSource(settings.prometheus)  # no answers shared with the previous run
         started, started_cpu = time.perf_counter(), time.process_time()
-        diagnosis = await diagnose(rules, config, Sources(prometheus=source), at=at)
+        with requests:
+            diagnosis = await diagnose(rules, config, Sources(prometheus=source), at=at)
         walls.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
         await source.aclose()
@@ -224,6 +248,7 @@ async def measure(url: str, runs: int, verbose: bool, concurrency: int) -> None:
     print(f"rules evaluated          {len(rules)}")
     print(f"distinct queries         {len(queries)}")
     print(f"findings / errors        {findings} / {errors}")
+    print(f"HTTP requests            {requests.sent / runs:8.1f} per diagnosis (queries, names, labels)")
     print(f"sum of single queries    {sum(singles) * 1000:8.1f} ms")
     print(f"slowest single query     {slowest * 1000:8.1f} ms   {slowest_query[:90]}")
     print(
