@@ -143,8 +143,12 @@ def test_healthy_up_to_the_cap_reports_max_rate_and_no_step_above_it(healthy_bed
     assert report["limit"] == "max_rate" and report["bottleneck"] is None
     assert report["capacity_rps"] == 120 and report["max_rate"] == 120
     counted = [s for s in report["steps"] if s["counted"]]
-    # Climbing steps scout (cut short once they clearly hold); the maximum is confirmed in full.
-    assert [s["rate"] for s in counted] == [30, 60, 120, 120]
+    # Climbing steps scout (cut short once they clearly hold); the maximum is confirmed in full: run
+    # again when its first step was cut short, not when it ran in full (a busy host, where no step
+    # holds clearly enough to be cut short).
+    rates = [s["rate"] for s in counted]
+    assert rates[:3] == [30, 60, 120]
+    assert rates == [30, 60, 120] + ([120] if counted[2]["stopped_early"] else []), rates
     assert all(s["held"] for s in counted) and not counted[-1]["stopped_early"]
     # The probe never sent above the cap: every step's achieved rate is at most its asked rate.
     assert all(s["achieved_rate"] <= 120 * 1.01 for s in report["steps"])
