@@ -214,23 +214,20 @@ async def _top_buckets(
     the jobs of its rows: asked only for quantiles that make a row, so a healthy diagnosis asks
     nothing."""
     wanted: dict[str, BucketFamily] = {}
-    jobs: dict[str, set[str] | None] = {}
     for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
             continue
         holding = [s for s in samples if _holds(s.value, params)]
-        for family in _bucket_families(alternative, expansion) if holding else ():
-            wanted.setdefault(family.selector, family)
-            listed = jobs.setdefault(family.selector, set())
-            if listed is None or any("job" not in s.labels for s in holding):
-                jobs[family.selector] = None  # some row is summed over jobs
-            else:
-                listed.update(s.labels["job"] for s in holding)
-    families = [
-        replace(family, jobs=None if jobs[selector] is None else frozenset(jobs[selector] or ()))
-        for selector, family in wanted.items()
-    ]
-    return await top_buckets(source, families, ctx.at)
+        if not holding:
+            continue
+        # A row summed over jobs (no job label) leaves only the family's own highest bound.
+        summed = any("job" not in s.labels for s in holding)
+        jobs = None if summed else frozenset(s.labels["job"] for s in holding)
+        for family in _bucket_families(alternative, expansion):
+            known = wanted.get(family.selector, replace(family, jobs=frozenset()))
+            both = None if jobs is None or known.jobs is None else known.jobs | jobs
+            wanted[family.selector] = replace(known, jobs=both)
+    return await top_buckets(source, list(wanted.values()), ctx.at)
 
 
 def expansions_of(params: SignalParams, catalogue: Catalogue, present: Holdings) -> Planned:

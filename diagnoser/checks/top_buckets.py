@@ -23,7 +23,7 @@ from datetime import datetime
 
 from diagnoser.models import SourceError
 from diagnoser.numbers import format_number
-from diagnoser.promql import highest_bounds, selector_text
+from diagnoser.promql import format_duration, highest_bounds, selector_text
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
 __all__ = ["NEAR_TOP_BUCKET", "BucketFamily", "TopBuckets", "capped_notes", "top_buckets"]
@@ -38,7 +38,6 @@ NEAR_TOP_BUCKET = 0.9
 MAX_LISTED_JOBS = 64
 MAX_LISTED_CHARS = 2000
 #: How far back a bucket series counts as held (Prometheus' default lookback).
-LOOKBACK = "5m"
 LOOKBACK_S = 300.0
 
 Matchers = Sequence[tuple[str, str, str]]
@@ -94,7 +93,8 @@ async def _family_tops(source: PrometheusSource, family: BucketFamily, at: datet
         if not missing or not level:
             break
         matcher = ("le", "=~", _alternation(s for bound in level for s in spellings[bound]))
-        query = f"count by (job, le) (last_over_time({_selector(family, missing, matcher)}[{LOOKBACK}]))"
+        ranged = f"{_selector(family, missing, matcher)}[{format_duration(LOOKBACK_S)}]"
+        query = f"count by (job, le) (last_over_time({ranged}))"
         answer = await source.query(query, at)
         if isinstance(answer, SourceError):
             return tops
