@@ -16,7 +16,7 @@ stay silent. A variation that does not apply (a 1-minute scenario has no 30 s sc
 evaluation before the onset has no incident to lengthen; ten minutes of history is a scenario that
 already has less) is no case; the counts per variation are printed.
 
-A bench, not a test: all 487 cases cost well over the suite's budget (over 10 minutes on a busy
+A bench, not a test: all 664 cases cost well over the suite's budget (over 10 minutes on a busy
 2-core machine).
 """
 
@@ -52,6 +52,18 @@ HISTORY_S = 600.0
 LONG_INCIDENT_S = 7200.0
 #: Counters by name: a cumulative series restarts from zero and goes on growing over a long incident.
 CUMULATIVE = re.compile(r"(_total|_count|_sum|_bucket)$")
+#: What the suffixes get wrong, by the ``# TYPE`` their exporters declare: gauges named like a
+#: counter's part (OpenTelemetry's ``db.client.connection.count`` UpDownCounter, kafka_exporter's
+#: summed lag), which a restart does not zero and a long incident does not grow...
+GAUGES = frozenset({"db_client_connection_count", "kafka_consumergroup_lag_sum"})
+#: ...and counters with no counter suffix (exporters that predate the ``_total`` convention, or
+#: OpenTelemetry counters exported without it).
+COUNTERS = frozenset({
+    "db_client_connections_timeouts", "db_client_connections_waits",
+    "envoy_cluster_upstream_rq_pending_overflow", "mysql_global_status_aborted_connects",
+    "nginx_connections_accepted", "nginx_connections_handled", "node_nf_conntrack_stat_drop",
+    "varnish_main_threads_limited",
+})
 
 Values = list[float | None]
 
@@ -93,7 +105,8 @@ def _onset(series: list[Values]) -> int | None:
 
 def _is_cumulative(name: str, values: Values) -> bool:
     known = [v for v in values if v is not None]
-    return bool(CUMULATIVE.search(name)) and all(b >= a for a, b in itertools.pairwise(known))
+    typed = name in COUNTERS or (bool(CUMULATIVE.search(name)) and name not in GAUGES)
+    return typed and all(b >= a for a, b in itertools.pairwise(known))
 
 
 def _notation(values: Values) -> str:
@@ -126,12 +139,20 @@ def _varied(group: TestGroup, test: FindingTest, variation: str) -> tuple[TestGr
             return None
         longer = []
         for name, values in zip(names, series, strict=True):
-            incident = values[onset:]
+            # Every series' cycle is the same length: one that ends early (its process gone, its
+            # series stale) is absent for the rest of each cycle, as it was in the recording.
+            incident = values[onset:] + [None] * (period - len(values[onset:]))
             known = [v for v in incident if v is not None]
+            before = [v for v in values[:onset] if v is not None]
             growth = 0.0
-            if _is_cumulative(name, values) and len(known) > 1:
-                growth = known[-1] - known[0] + (known[-1] - known[-2])
-            extended = list(values)
+            if _is_cumulative(name, values) and known:
+                # Each cycle adds what the incident added, counted from the last sample before
+                # it: a counter that jumped while its exporter was blind grows by that jump again.
+                if before:
+                    growth = known[-1] - before[-1]
+                elif len(known) > 1:
+                    growth = known[-1] - known[0] + (known[-1] - known[-2])
+            extended = values[:onset] + incident
             for cycle in range(1, cycles):
                 extended += [None if v is None else v + cycle * growth for v in incident]
             longer.append(extended)
@@ -178,6 +199,29 @@ def _varied(group: TestGroup, test: FindingTest, variation: str) -> tuple[TestGr
     return varied, eval_time
 
 
+#: Cases where the variation removes the evidence, by (file, group, instant, variation), with the
+#: reason: printed XFAIL, and XPASS (counted as a failure, to be looked at) once they pass.
+REMOVES_THE_EVIDENCE = {
+    ("resources.yaml", "nginx out of worker_connections blinds its exporter", "14m45s", "counter-reset"): (
+        "nginx restarted inside the window resets its accepted count, which is how the rule tells a "
+        "restarting nginx (its scrapes failing while it starts) from one out of worker_connections"
+    ),
+    ("resources.yaml", "nginx out of worker_connections blinds its exporter", "14m45s", "60s-scrapes"): (
+        "every 4th 15 s scrape, the ones kept at 60 s, is one that failed: an nginx out of "
+        "worker_connections and a stopped one read the same (a real 60 s scrape lands as often as a "
+        "15 s one, in about half of them)"
+    ),
+    (
+        "pools.yaml",
+        "otel pool at its max, one scrape caught a connection between two requests",
+        "8m",
+        "60s-scrapes",
+    ): (
+        "too early, not blind: 2 minutes after the onset the 5m window of 60 s scrapes holds 3 at the "
+        "limit of 5, under the share the rule confirms on; it fires from 9m"
+    ),
+}
+
 VARIATIONS = (
     "10m-history",
     "2h-incident",
@@ -218,13 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variation", action="append", choices=VARIATIONS, help="only these (repeatable)")
     parser.add_argument("--files", help="only these scenario files, comma-separated")
+    parser.add_argument("--keep", type=Path, help="write the varied scenario files here, to read or rerun")
     args = parser.parse_args(argv)
     wanted = set(args.variation or VARIATIONS)
     names = set(args.files.split(",")) if args.files else None
     plan = [p for p in _plan() if p[1] in wanted and (names is None or p[0].name in names)]
     print("cases per variation:", dict(collections.Counter(p[1] for p in plan)), flush=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         files: dict[tuple[Path, str], list[TestGroup]] = {}
         for path, variation, group, _ in plan:
             files.setdefault((path, variation), []).append(group)
@@ -234,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             data = spec.model_dump(mode="json", exclude_none=True)
             data["rule_files"] = [str((path.parent / name).resolve()) for name in spec.rule_files]
             data["tests"] = [g.model_dump(mode="json", exclude_none=True) for g in groups]
-            out = Path(tmp) / f"{path.stem}--{variation}.yaml"
+            out = tmp / f"{path.stem}--{variation}.yaml"
             out.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
             written.append(out)
         by_key: dict[tuple[str, str], CaseResult] = {
@@ -243,10 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     failed: collections.Counter[str] = collections.Counter()
     for *_, case in plan:
         result = by_key[(f"{Path(case.file).stem}--{case.variation}.yaml", f"{case.group} #{case.index}")]
-        verdict = "PASS" if result.passed else "FAIL"
-        if not result.passed:
+        known = REMOVES_THE_EVIDENCE.get((case.file, case.group, case.eval_time, case.variation))
+        if known is None:
+            verdict = "PASS" if result.passed else "FAIL"
+        else:
+            verdict = "XPASS" if result.passed else "XFAIL"
+        if verdict in ("FAIL", "XPASS"):
             failed[case.variation] += 1
-        print(f"{verdict} {case.id}" + ("" if result.passed else "\n    " + "\n    ".join(result.problems)))
+        detail = f" ({known})" if known and not result.passed else ""
+        problems = "" if result.passed or known else "\n    " + "\n    ".join(result.problems)
+        print(f"{verdict} {case.id}{detail}{problems}")
     print(
         f"{len(plan) - sum(failed.values())}/{len(plan)} passed; failed per variation: {dict(failed)}; "
         f"{time.monotonic() - started:.0f} s"

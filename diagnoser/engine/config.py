@@ -72,6 +72,10 @@ class DiagnosisConfig:
     silences: tuple[Silence, ...] = ()
     #: ``confirm_window`` as configured (``None``: derived from the window, see :meth:`with_window`).
     confirm_window: str | None = None
+    #: The scrape interval to assume where Prometheus holds no ``up`` series to measure it by
+    #: (``None``: the configured windows stay). A live Prometheus writes ``up`` at every scrape; a
+    #: rule scenario's series are backfilled without it, at the ``interval`` its file states.
+    assumed_scrape_interval_s: float | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DiagnosisConfig:

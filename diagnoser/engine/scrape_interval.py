@@ -78,6 +78,8 @@ async def with_scrape_floor(
         return config
     interval = await scrape_interval(source, at)
     if interval is None:
+        interval = config.assumed_scrape_interval_s
+    if interval is None:
         return config
     current = config.variables.confirm_window
     # Never longer than ``${window}``: a longer confirmation remembers transients the rules'

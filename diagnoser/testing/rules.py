@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -300,8 +300,10 @@ async def _run_case(plan: _PlannedGroup, test: FindingTest, source: PrometheusSo
         return result
     # The pipeline of ``diagnose now``: the same coverage, silences and ranking.
     chosen = RuleSet(rules={rule.id: rule for rule in selected})
+    # The scenario's interval is its scrape interval: a backfilled scenario has no ``up`` to read it by.
+    config = replace(plan.config, assumed_scrape_interval_s=parse_duration(plan.group.interval))
     diagnosis = await run_diagnosis(
-        plan.config, rules=chosen, at=at, sources=BuiltSources(Sources(prometheus=source))
+        config, rules=chosen, at=at, sources=BuiltSources(Sources(prometheus=source))
     )
     result.coverage = diagnosis.coverage
     result.problems.extend(f"source error: {e}" for e in diagnosis.errors)
