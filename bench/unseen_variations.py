@@ -246,6 +246,15 @@ EVIDENCE_GONE: dict[tuple[str, str, str], str] = {
             ("60s-scrapes+45s", 20),
         )
     },
+    ("apache-max-request-workers-near", "30s-scrapes", "incident"): (
+        "the grid's scrapes in 5 minutes read 4, 6, 5, 4, 7, 7, 10, 5, 9, 4 busy of 10 workers (Apache "
+        "counts no refusals): one at the limit in ten, what a server touching its maximum once shows; "
+        "the 15 s recording had 7 of 20 there"
+    ),
+    ("apache-max-request-workers-near", "60s-scrapes", "incident"): (
+        "the grid's scrapes in 5 minutes read 4, 5, 7, 10, 9 busy of 10 workers (Apache counts no "
+        "refusals): one at the limit in five, under the quarter that tells saturation from a burst"
+    ),
     ("apache-max-request-workers-near", "60s-scrapes+30s", "incident"): (
         "the grid's scrapes in 5 minutes read 6, 4, 7, 5, 4 busy of 10 workers: the recorded scrapes at "
         "10 all fall between them"

@@ -22,6 +22,8 @@ import functools
 import inspect
 import logging
 import math
+import os
+import select
 import signal
 import socket
 import sys
@@ -71,6 +73,7 @@ __all__ = [
     "run_loop",
     "stderr",
     "stdout",
+    "write_out",
 ]
 
 T = TypeVar("T")
@@ -127,6 +130,30 @@ app.add_typer(rules_app, name="rules")
 
 stdout = Console(soft_wrap=False)
 stderr = Console(stderr=True)
+
+
+def write_out(text: str) -> None:
+    """Write all of ``text`` to standard output (a JSON or Markdown document), to the last byte.
+
+    A write to a full pipe may return short: measured, ``diagnose now --format json`` of 107 kB
+    into a reader that was busy elsewhere handed over 65,536 bytes (the pipe's capacity) in one
+    ``write(2)`` that returned short, and Python's buffered stdout took it as done, so the reader
+    got a cut document. Here every byte is written, waiting for the pipe to drain where it must.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (captured in-process): it keeps all
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    data = memoryview(text.encode(sys.stdout.encoding or "utf-8", errors="replace"))
+    while data:
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:  # a non-blocking descriptor that is full: wait until it drains
+            select.select([], [fd], [])
+            continue
+        data = data[written:]
 
 
 class OutputFormat(StrEnum):

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,6 +62,7 @@ from diagnoser.cli.app import (
     run_loop,
     stderr,
     stdout,
+    write_out,
 )
 from diagnoser.config import Settings
 from diagnoser.errors import ConfigError, DiagnoserError, ProbeWorkerError, SlackSendError
@@ -535,7 +535,7 @@ def _write_manifest(objects: list[dict[str, Any]], path: Path) -> None:
     """The Job and its Secret as YAML: to stdout, or to a file only its owner can read (the token)."""
     text = yaml.safe_dump_all(objects, sort_keys=False)
     if str(path) == "-":
-        sys.stdout.write(text)
+        write_out(text)
     else:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as out:
@@ -552,9 +552,9 @@ def _write_manifest(objects: list[dict[str, Any]], path: Path) -> None:
 
 def _print(report: CapacityReport, output: OutputFormat) -> None:
     if output is OutputFormat.json:
-        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+        write_out(report.model_dump_json(indent=2) + "\n")
     elif output is OutputFormat.markdown:
-        sys.stdout.write(render_capacity_markdown(report))
+        write_out(render_capacity_markdown(report))
     else:
         stdout.print(render_capacity_table(report))
 

@@ -5,7 +5,6 @@ Exit codes: 0 nothing at warning or above, 1 something is, 2 usage or configurat
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +30,7 @@ from diagnoser.cli.app import (
     run_loop,
     stderr,
     stdout,
+    write_out,
 )
 from diagnoser.cli.timeparse import parse_instant
 from diagnoser.config import Settings
@@ -294,8 +294,8 @@ def _prepare_probe(
 
 def _print_diagnosis(diagnosis: Diagnosis, output: OutputFormat, verbose: bool) -> None:
     if output is OutputFormat.json:
-        sys.stdout.write(render_json(diagnosis) + "\n")
+        write_out(render_json(diagnosis) + "\n")
     elif output is OutputFormat.markdown:
-        sys.stdout.write(render_markdown(diagnosis) + "\n")
+        write_out(render_markdown(diagnosis) + "\n")
     else:
         stdout.print(render_table(diagnosis, verbose=verbose, width=stdout.width, links=stdout.is_terminal))

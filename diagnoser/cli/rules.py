@@ -23,6 +23,7 @@ from diagnoser.cli.app import (
     run_loop,
     stderr,
     stdout,
+    write_out,
 )
 from diagnoser.errors import ConfigError, LocalPrometheusError
 
@@ -52,7 +53,7 @@ def rules_list(
         for rule in sorted(ruleset, key=lambda r: r.id)
     ]
     if output is OutputFormat.json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        write_out(json.dumps(rows, indent=2) + "\n")
     elif output is OutputFormat.markdown:
         lines = ["| rule | cause | severity | sources | runbook |", "|---|---|---|---|---|"]
         lines += [

@@ -14,7 +14,6 @@ for a usage error; a Prometheus that cannot be read is printed as an error and e
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from diagnoser.cli.app import (
     load_cli_settings,
     run_loop,
     stdout,
+    write_out,
 )
 from diagnoser.cli.timeparse import parse_instant
 from diagnoser.promql import duration_seconds
@@ -79,7 +79,7 @@ def signals(
 
     found = run_loop(read())
     if output is TableOrJson.json:
-        sys.stdout.write(json.dumps(as_json(found, instant), indent=2) + "\n")
+        write_out(json.dumps(as_json(found, instant), indent=2) + "\n")
     else:
         _print_table(found, instant)
     raise typer.Exit(1 if found.errors else 0)
