@@ -21,7 +21,18 @@ from diagnoser.config import Settings
 from diagnoser.engine import RulePack, load_ruleset
 from diagnoser.ruleset.lint import LintInputs
 from diagnoser.ruleset.recording import GROUP, Recorded, recorded_conditions, recording_group
-from diagnoser.signals.recorded import CONVENTION, PRESENT, fingerprint, valid_record_name
+from diagnoser.signals import load_catalogue
+from diagnoser.signals.expand import Expansion
+from diagnoser.signals.recorded import (
+    CONVENTION,
+    PRESENT,
+    fingerprint,
+    recorded_query,
+    strip_recording_labels,
+    substitute,
+    valid_record_name,
+)
+from diagnoser.sources.prometheus import Sample
 from diagnoser.testing.prometheus import binaries
 from tests.conftest import run_cli_here, unavailable
 
@@ -41,7 +52,7 @@ RECORDED = _recorded()
 
 
 def _promtools() -> list[str]:
-    found = [pair[1] for major in ("2", "3") if (pair := binaries(major)) is not None]  # type: ignore[arg-type]
+    found = [pair[1] for pair in (binaries("2"), binaries("3")) if pair is not None]
     if not found:
         unavailable("promtool is not installed (the Debian package 'prometheus')")
     return found
@@ -281,3 +292,25 @@ def test_the_documented_group_is_what_the_export_writes() -> None:
     assert group["name"] == exported["name"]
     for rule in group["rules"]:
         assert rule in exported["rules"], rule
+
+
+def test_a_query_is_swapped_only_for_its_own_recording() -> None:
+    item = RECORDED[0]
+    expansion = Expansion(convention=load_catalogue().conventions[0], query=item.query)
+    swapped = substitute(expansion, {item.fingerprint: item.record})
+    assert swapped is not None and swapped.query == recorded_query(item.record, item.query)
+    assert swapped.query == f'{item.record}{{diag_convention="{CONVENTION}",diag_query="{item.fingerprint}"}}'
+    # Another query's recording (the pack changed since the export), or none: the raw query stands.
+    assert substitute(expansion, {fingerprint(item.query + " > 0"): item.record}) is None
+    assert substitute(expansion, {}) is None
+    # Whitespace is no change of query.
+    assert fingerprint(item.query.replace(" ", "  ")) == item.fingerprint
+    [row] = strip_recording_labels(
+        [
+            Sample(
+                {"__name__": item.record, "diag_query": item.fingerprint, "diag_convention": "1", "job": "a"},
+                1.0,
+            )
+        ]
+    )
+    assert row.labels == {"job": "a"}
