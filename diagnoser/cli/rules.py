@@ -1,4 +1,4 @@
-"""``diagnose rules list | lint | test``: the rule pack as users see, check and test it."""
+"""``diagnose rules list | lint | test | export``: the rule pack as users see, check, test and export it."""
 
 from __future__ import annotations
 
