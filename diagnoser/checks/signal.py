@@ -50,6 +50,12 @@ from diagnoser.signals.claims import claims
 from diagnoser.signals.expand import references
 from diagnoser.signals.holdings import Holdings, holdings
 from diagnoser.signals.recognition import recognition
+from diagnoser.signals.recorded import (
+    recorded_fingerprints,
+    strip_recording_labels,
+    substitute,
+    valid_record_name,
+)
 from diagnoser.signals.target_info import identities
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 
@@ -75,12 +81,25 @@ class Alternative(BaseModel):
 
     query: str
     what: str | None = None
+    #: The ``diag:*`` series a ruler records this query as (:mod:`diagnoser.signals.recorded`).
+    record: str | None = None
 
     @field_validator("query")
     @classmethod
     def _query_signals(cls, value: str, info: ValidationInfo) -> str:
         validate_template(value, catalogue_of(info))
         return value
+
+    @field_validator("record")
+    @classmethod
+    def _record_name(cls, value: str | None) -> str | None:
+        return _record_name(value)
+
+
+def _record_name(value: str | None) -> str | None:
+    if value is not None and not valid_record_name(value):
+        raise ValueError(f"record {value!r} is not diag:<level>:<metric>:<operations> (a-z, 0-9, _)")
+    return value
 
 
 class SignalParams(BaseModel):
@@ -91,6 +110,8 @@ class SignalParams(BaseModel):
     op: Comparison | None = None
     threshold: float | None = None
     timeout_s: float | None = Field(default=None, gt=0)
+    #: The ``diag:*`` series a ruler records ``query`` as (on ``any_of``, each alternative names its own).
+    record: str | None = None
 
     @field_validator("query")
     @classmethod
@@ -108,10 +129,17 @@ class SignalParams(BaseModel):
             return [{"query": item} if isinstance(item, str) else item for item in value]
         return value
 
+    @field_validator("record")
+    @classmethod
+    def _record_name(cls, value: str | None) -> str | None:
+        return _record_name(value)
+
     @model_validator(mode="after")
     def _shape(self) -> SignalParams:
         if (self.query is None) == (self.any_of is None):
             raise ValueError("give exactly one of query or any_of")
+        if self.record is not None and self.any_of is not None:
+            raise ValueError("record goes on each alternative of any_of")
         if (self.op is None) != (self.threshold is None):
             raise ValueError("op and threshold go together")
         return self
@@ -120,7 +148,7 @@ class SignalParams(BaseModel):
 def templates_of(params: SignalParams) -> list[Alternative]:
     """The queries of a condition: its one query, or each of ``any_of`` in order."""
     if params.query is not None:
-        return [Alternative.model_construct(query=params.query, what=None)]  # validated already
+        return [Alternative.model_construct(query=params.query, what=None, record=params.record)]  # validated
     return list(params.any_of or [])
 
 
@@ -241,8 +269,25 @@ def expansions_of(params: SignalParams, catalogue: Catalogue, present: Holdings)
 async def _ask(
     source: PrometheusSource, params: SignalParams, planned: Planned, ctx: CheckContext
 ) -> list[tuple[Alternative, Expansion, list[Sample] | SourceError]]:
+    planned = await _recorded(source, planned, ctx)
     answers = await asyncio.gather(*(source.query(e.query, ctx.at, params.timeout_s) for _, e in planned))
-    return [(a, e, samples) for (a, e), samples in zip(planned, answers, strict=True)]
+    return [
+        (a, e, samples if isinstance(samples, SourceError) or not e.query.startswith("diag:")
+         else strip_recording_labels(samples))
+        for (a, e), samples in zip(planned, answers, strict=True)
+    ]  # fmt: skip
+
+
+async def _recorded(source: PrometheusSource, planned: Planned, ctx: CheckContext) -> Planned:
+    """With ``prometheus.use_recorded``, each expansion whose recording a ruler writes at the
+    instant (whichever rule named it) reads it instead, and the evidence shows the recorded series;
+    the rest, and every expansion when the heartbeats cannot be read, ask their raw query."""
+    if not source.settings.use_recorded or not planned:
+        return planned
+    present = await recorded_fingerprints(source, ctx.at)
+    if isinstance(present, SourceError) or not present:
+        return planned
+    return [(a, substitute(e, present) or e) for a, e in planned]
 
 
 async def _ask_inferred(

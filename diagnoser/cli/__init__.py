@@ -2,7 +2,7 @@
 
     diagnose now --prometheus-url http://prometheus:9090            # what is wrong right now
     diagnose now --at 2026-11-29T20:00:00Z --format markdown         # post-incident, as of then
-    diagnose rules list | lint | test FILE...                        # the rule pack
+    diagnose rules list | lint | test FILE... | export --recording   # the rule pack
     diagnose probe URL --rate 50 --duration 30                       # an open-loop probe
     diagnose capacity URL --slo-p99-ms 50 --prometheus-url URL       # the rate that holds the SLO
     diagnose serve --config diagnoser.yaml                           # the always-on daemon

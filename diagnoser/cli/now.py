@@ -101,6 +101,13 @@ ProbeRate = Annotated[float, typer.Option("--probe-rate", parser=finite, help="R
 ProbeDuration = Annotated[
     float, typer.Option("--probe-duration", parser=finite, help="Seconds for --probe URL.")
 ]
+UseRecorded = Annotated[
+    bool,
+    typer.Option(
+        "--use-recorded",
+        help="Read the diag:* recordings of conditions (rules export --recording) where a ruler writes them.",
+    ),
+]
 Verbose = Annotated[
     int,
     typer.Option(
@@ -172,6 +179,7 @@ def now(
     probe_duration: ProbeDuration = 10.0,
     grpc_flags: GrpcFlags,
     verbose: Verbose = 0,
+    use_recorded: UseRecorded = False,
 ) -> None:
     """Diagnose now (or --at a past instant): ranked causes, evidence, numbers, runbooks."""
     configure_logging(verbose)
@@ -190,6 +198,8 @@ def now(
         overrides["slo"] = {k: v for k, v in slo.items() if v is not None}
     if deadline is not None:
         overrides["deadline_s"] = deadline
+    if use_recorded:
+        overrides.setdefault("prometheus", {})["use_recorded"] = True
     settings = load_cli_settings(config, overrides)
     configure_logging(verbose, settings)  # again, now that its secrets are known: they are masked
     credentials = check_inputs_or_exit(settings)

@@ -1,4 +1,4 @@
-"""``diagnose rules list | lint | test``: the rule pack as users see, check and test it."""
+"""``diagnose rules list | lint | test | export``: the rule pack as users see, check, test and export it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from diagnoser.cli.app import (
 )
 from diagnoser.errors import ConfigError, LocalPrometheusError
 
-__all__ = ["rules_lint", "rules_list", "rules_test"]
+__all__ = ["rules_export", "rules_lint", "rules_list", "rules_test"]
 
 
 @rules_app.command("list")
@@ -137,3 +137,46 @@ def rules_test(
             stdout.print(f"     {problem}", markup=False, highlight=False, soft_wrap=True)
     stdout.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     raise typer.Exit(1 if failed else 0)
+
+
+@rules_app.command("export")
+def rules_export(
+    recording: Annotated[
+        bool, typer.Option("--recording", help="The pack's recorded conditions as a diag:* rule group.")
+    ] = False,
+    config: ConfigOption = None,
+    rules_dir: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule directory.")] = None,
+    interval: Annotated[
+        str | None, typer.Option("--interval", help="The group's evaluation interval (default: the ruler's).")
+    ] = None,
+    output_file: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the rule file here instead of stdout.")
+    ] = None,
+) -> None:
+    """Export the rule pack for another system: --recording writes a Prometheus rule file for a ruler."""
+    import yaml
+
+    from diagnoser.promql import duration_seconds
+    from diagnoser.ruleset.lint import LintInputs
+    from diagnoser.ruleset.recording import recorded_conditions, recording_group
+
+    if not recording:
+        raise fail("say what to export: --recording")
+    if interval is not None:
+        try:
+            duration_seconds(interval)
+        except ValueError as exc:
+            raise fail(f"--interval: {exc}") from exc
+    settings = load_cli_settings(config)
+    ruleset = load_cli_rules(settings, rules_dir)
+    inputs = LintInputs.from_settings(settings)
+    recorded = recorded_conditions(
+        ruleset, inputs.variables, inputs.catalogue, signals=settings.signals, renames=inputs.renames
+    )
+    text = yaml.safe_dump(recording_group(recorded, interval=interval), sort_keys=False, width=1 << 16)
+    if output_file is None:
+        sys.stdout.write(text)
+    else:
+        output_file.write_text(text)
+        stderr.print(f"{len(recorded)} recording rules written to {output_file}", highlight=False)
+    raise typer.Exit(1 if ruleset.problems else 0)

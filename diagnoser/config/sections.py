@@ -55,6 +55,9 @@ class PrometheusSettings(_Section):
     headers: dict[str, str] = Field(default_factory=dict)
     query_timeout_s: float = Field(default=10.0, gt=0)
     max_concurrency: int = Field(default=16, ge=1, le=256)
+    #: Read a rule condition's ``diag:*`` recording (``diagnose rules export --recording``, loaded
+    #: into the server's ruler) instead of its raw query wherever the ruler writes it.
+    use_recorded: bool = False
 
     @field_validator("url")
     @classmethod

@@ -29,6 +29,7 @@ KNOWN_KINDS = {
     "rule",  # test_rule_examples.py: loaded and tested by `diagnose rules test`
     "rule-test",  # test_rule_examples.py: run by `diagnose rules test` on a real Prometheus
     "check-kind",  # test_check_kind_example.py: registered and run on a real Prometheus
+    "recording-rules",  # tests/rules/test_recording.py: each of its rules is in the export as written
 }
 
 MAX_README_BYTES = 12 * 1024
