@@ -36,12 +36,19 @@ def load_shedding(rate: float, result: ProbeResult) -> Bottleneck | None:
         f"{code} x{result.status_counts[code]}" for code in SHED_STATUSES if result.status_counts.get(code)
     )
     share = refused / result.finished if result.finished else 0.0
+    rough = ""
+    if result.aborted_on_errors:
+        # Cut after a fraction of a second, the step's average leans on the limiter's burst.
+        rough = (
+            f" (over {result.duration_s:.1f} s only: the probe's abort rule stopped the step, so the rate "
+            "is rough; raise probe.abort_error_ratio to measure it over the whole step)"
+        )
     return Bottleneck(
         kind="load_shedding",
         cause="load_shedding",
         summary=(
             f"the server sheds load at ~{ok_rate:g} req/s: at {rate:g} req/s it refused {share:.0%} of the "
-            f"requests ({codes}) and answered the rest, with no saturation signal"
+            f"requests ({codes}) and answered the rest, with no saturation signal{rough}"
         ),
         recommendation=(
             f"If ~{ok_rate:g} req/s is a limit someone set (a rate limiter, an admission or concurrency "

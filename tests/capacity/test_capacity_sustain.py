@@ -23,7 +23,7 @@ from diagnoser.capacity.sustain import StepSample, judge_sustain
 from diagnoser.probe import build_spec
 from diagnoser.probe.live import SlowCounter
 from diagnoser.probe.parts import merge_parts, part_of
-from diagnoser.probe.result import PhaseShares, ProbeRecorder, ProbeResult
+from diagnoser.probe.result import ERROR_RATIO_ABORT, PhaseShares, ProbeRecorder, ProbeResult
 
 TICK_S = 0.25
 AT = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -129,6 +129,15 @@ def test_refusals_at_a_rate_are_load_shedding_at_the_rate_answered() -> None:
     assert shed.summary.startswith("the server sheds load at ~100 req/s: at 200 req/s it refused 50%")
     assert "503 x240, 429 x60" in shed.summary
     assert shed.evidence[0].value == 100.0
+
+
+def test_shedding_measured_over_a_step_cut_by_the_abort_rule_says_it_is_rough() -> None:
+    result = recorded(40, {503: 60}).build(target="http://127.0.0.1/", requested_rate=200, elapsed_s=0.5,
+                                           aborted=True, abort_reason=ERROR_RATIO_ABORT + "60% over the last 1 s",
+                                           lag_limit_ms=2.0)  # fmt: skip
+    shed = load_shedding(200, result)
+    assert shed is not None and shed.summary.startswith("the server sheds load at ~80 req/s")
+    assert "(over 0.5 s only: the probe's abort rule stopped the step, so the rate is rough" in shed.summary
 
 
 def test_grpc_refusals_are_load_shedding_too_and_a_message_too_large_is_not() -> None:
