@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from diagnoser.capacity.report import CapacityReport, CapacityStep, Limit
+from diagnoser.capacity.report import Bottleneck, CapacityReport, CapacityStep, Limit
 from diagnoser.models import Diagnosis
 from diagnoser.notify import render_markdown, render_table
 
@@ -45,7 +45,7 @@ def step_cells(step: CapacityStep) -> list[str]:
         f"{step.achieved_rate:.1f}",
         ms(step.latency_ms.p50),
         ms(step.latency_ms.p90),
-        ms(step.latency_ms.p99),
+        step.unsustainable.text if step.unsustainable is not None else ms(step.latency_ms.p99),
         ms(step.latency_ms.max),
         ratio(step.error_ratio),
         verdict,
@@ -79,7 +79,8 @@ def text_chart(report: CapacityReport) -> str:
         bar[slo_at] = "|" if width <= slo_at else "#"
         tail = ">" if p99 is not None and p99 > scale else " "
         knee = "  <- capacity" if report.capacity_rps == step.rate else ""
-        lines.append(f"{step.rate:>8g} req/s {''.join(bar)}{tail} p99 {ms(p99)} ms{knee}")
+        figure = step.unsustainable.text if step.unsustainable is not None else f"p99 {ms(p99)} ms"
+        lines.append(f"{step.rate:>8g} req/s {''.join(bar)}{tail} {figure}{knee}")
     if lines:
         lines.insert(0, f"{'':>14}p99 (| = SLO {slo:g} ms)")
     return "\n".join(lines)
@@ -114,12 +115,11 @@ def render_capacity_table(report: CapacityReport) -> RenderableType:
     if report.bottleneck is not None:
         b = report.bottleneck
         text = Text("bottleneck: ", style="bold")
-        text.append(
-            f"{b.cause} ({b.rule_id}), first seen at {b.first_seen_at_rate:g} req/s\n", style="bold red"
-        )
-        text.append(f"{b.summary}\nwhat to do: {b.recommendation}\n")
-        text.append("runbook: ", style="dim")
-        text.append(b.runbook_url, style=f"link {b.runbook_url} underline")
+        text.append(f"{_bottleneck_title(b)}\n", style="bold red")
+        text.append(f"{b.summary}\nwhat to do: {b.recommendation}")
+        if b.runbook_url:
+            text.append("\nrunbook: ", style="dim")
+            text.append(b.runbook_url, style=f"link {b.runbook_url} underline")
         parts.append(text)
     for note in report.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
@@ -127,6 +127,13 @@ def render_capacity_table(report: CapacityReport) -> RenderableType:
     if diagnosis is not None:
         parts += [Text("\nfindings at the first failing step:", style="bold"), render_table(diagnosis)]
     return Group(*parts)
+
+
+def _bottleneck_title(b: Bottleneck) -> str:
+    """``connection_pool_exhaustion (pools/pool-exhaustion), first seen at 180 req/s``."""
+    if b.kind == "load_shedding":
+        return f"{b.cause} (measured by the probe), first seen at {b.first_seen_at_rate:g} req/s"
+    return f"{b.cause} ({b.rule_id}), first seen at {b.first_seen_at_rate:g} req/s"
 
 
 def render_capacity_markdown(report: CapacityReport) -> str:
@@ -139,18 +146,19 @@ def render_capacity_markdown(report: CapacityReport) -> str:
     lines += ["", "```", text_chart(report), "```", ""]
     if report.bottleneck is not None:
         b = report.bottleneck
+        source = f"Rule `{b.rule_id}`" if b.rule_id else "Measured by the probe"
         lines += [
             f"## Bottleneck: `{b.cause}`",
             "",
-            f"Rule `{b.rule_id}`, first seen at {b.first_seen_at_rate:g} req/s.",
+            f"{source}, first seen at {b.first_seen_at_rate:g} req/s.",
             "",
             b.summary,
             "",
             f"**What to do:** {b.recommendation}",
             "",
-            f"[Runbook]({b.runbook_url})",
-            "",
         ]
+        if b.runbook_url:
+            lines += [f"[Runbook]({b.runbook_url})", ""]
     lines += [f"> {note}" for note in report.notes]
     diagnosis = _first_fail_diagnosis(report)
     if diagnosis is not None:

@@ -4,10 +4,11 @@
 
     {"target", "slo": {"p99_ms", "error_ratio"},
      "steps": [{"rate", "achieved_rate", "duration_s", "latency_ms": {"p50", "p90", "p99", "max"},
-                "error_ratio", "held", "findings": [causes], ...}],
+                "error_ratio", "held", "findings": [causes],
+                "unsustainable": {"cause": "backlog" | "schedule", ...} | null, ...}],
      "capacity_rps", "limit": "latency" | "errors" | "max_rate" | "aborted",
-     "bottleneck": {"cause", "rule_id", "summary", "recommendation", "runbook_url",
-                    "first_seen_at_rate", "evidence"} | null,
+     "bottleneck": {"kind": "cause" | "load_shedding", "cause", "rule_id", "summary",
+                    "recommendation", "runbook_url", "first_seen_at_rate", "evidence"} | null,
      "findings": [as in diagnose now]}
 
 The steps are listed in the order they ran (the search is not monotonic once it narrows the
@@ -25,7 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from diagnoser.models import Evidence, Finding, SourceError
 
-__all__ = ["Bottleneck", "CapacityReport", "CapacityStep", "Limit", "SloTarget", "StepLatency"]
+__all__ = [
+    "Bottleneck",
+    "CapacityReport",
+    "CapacityStep",
+    "Limit",
+    "SloTarget",
+    "StepLatency",
+    "Unsustainable",
+]
 
 
 class Limit(StrEnum):
@@ -59,6 +68,28 @@ class StepLatency(_Strict):
     max: float | None = None
 
 
+class Unsustainable(_Strict):
+    """Why a step reached no steady state (:mod:`diagnoser.capacity.sustain`): its p99 measures
+    its length, not its rate."""
+
+    #: ``backlog``: the requests in flight grew through the step (the service answered fewer
+    #: than it was sent); ``schedule``: the sender fell further and further behind its schedule.
+    cause: Literal["backlog", "schedule"]
+    #: Requests in flight when the step stopped sending (``backlog``).
+    in_flight: int | None = None
+    #: How far behind its schedule the sender was at the step's end, in seconds (``schedule``).
+    behind_s: float | None = None
+    #: How fast it grew: requests per second (``backlog``), seconds per second (``schedule``).
+    growth_per_s: float | None = None
+
+    @property
+    def text(self) -> str:
+        """``unsustainable (backlog 412 in flight, growing)``: what the report shows for its p99."""
+        if self.cause == "backlog":
+            return f"unsustainable (backlog {self.in_flight} in flight, growing)"
+        return f"unsustainable (send schedule behind by {self.behind_s:g} s)"
+
+
 class CapacityStep(_Strict):
     """One open-loop step at a constant rate, judged against the SLO."""
 
@@ -71,8 +102,11 @@ class CapacityStep(_Strict):
     latency_ms: StepLatency = Field(default_factory=StepLatency)
     error_ratio: float
     held: bool
-    #: Why a step did not hold; ``None`` when it held or was interrupted.
+    #: Why a step did not hold; ``None`` when it held or was interrupted. An unsustainable step
+    #: fails on ``latency`` (unless it failed on errors): its latency grew without bound.
     failed_on: Literal["latency", "errors"] | None = None
+    #: Set when the step reached no steady state: the report shows this instead of its p99.
+    unsustainable: Unsustainable | None = None
     #: The step stopped before its planned end because its verdict could no longer change.
     stopped_early: bool = False
     #: False for a step over the latency SLO while the service kept up: it was run again, and
@@ -93,13 +127,20 @@ class CapacityStep(_Strict):
 
 
 class Bottleneck(_Strict):
-    """The cause that appeared between the last step that held and the first that failed."""
+    """What gave way at the knee.
 
+    ``kind`` ``cause``: the rule pack's cause that appeared between the last step that held and
+    the first that failed. ``load_shedding``: no such cause, but the first failing step's errors
+    were mostly the server refusing work (HTTP 503 or 429, gRPC ``UNAVAILABLE`` or
+    ``RESOURCE_EXHAUSTED``): it sheds load at about the rate it still answered (no rule, no runbook).
+    """
+
+    kind: Literal["cause", "load_shedding"] = "cause"
     cause: str
-    rule_id: str
+    rule_id: str | None = None
     summary: str
     recommendation: str
-    runbook_url: str
+    runbook_url: str | None = None
     #: The lowest rate from which the cause was present at every evaluated step up to the knee.
     first_seen_at_rate: float
     evidence: list[Evidence] = Field(default_factory=list)

@@ -28,6 +28,7 @@ from diagnoser.capacity.bottleneck import EvaluatedStep, find_bottleneck, findin
 from diagnoser.capacity.evidence import evaluate_step
 from diagnoser.capacity.report import CapacityReport, CapacityStep, Limit, SloTarget, StepLatency
 from diagnoser.capacity.search import RateSearch
+from diagnoser.capacity.shedding import load_shedding
 from diagnoser.capacity.step import ProgressCallback, StepMeasurement, StepPlan, run_step
 from diagnoser.config import CapacitySettings, ProbeSettings
 from diagnoser.engine.config import DiagnosisConfig
@@ -88,7 +89,15 @@ class _Step:
     counted: bool = True
 
 
+def _backlog(step: StepMeasurement) -> bool:
+    """The step's backlog grew while its sender kept its schedule (:mod:`.sustain`)."""
+    return step.unsustainable is not None and step.unsustainable.cause == "backlog"
+
+
 def _saturated(step: StepMeasurement) -> bool:
+    """The service could not keep up: it answered below the offered rate, or its backlog grew."""
+    if _backlog(step):
+        return True
     return step.served_rate is not None and step.served_rate < step.rate * _SATURATED_SHARE
 
 
@@ -263,15 +272,27 @@ class CapacityRun:
         ]
         bottleneck, notes = find_bottleneck(evaluated)
         errors = self._errors(steps, sources)
-        if bottleneck is None and errors and notes:
+        first_fail = _first_failing(counted)
+        shedding = None
+        if bottleneck is None and first_fail is not None and first_fail.measurement.failed_on == "errors":
+            shedding = load_shedding(first_fail.measurement.rate, first_fail.measurement.result)
+        if shedding is not None:
+            # The probe's own counters name the limit; what the rule pack did not see is said once.
+            bottleneck = shedding
+            notes = [_SHEDDING_UNSEEN if sources is not None else _SHEDDING_UNLOOKED]
+        if errors and notes and (bottleneck is None or shedding is not None):
             # Silence from a source that could not answer is not "nothing changed".
             notes = [
                 f"the rule pack could not read every source ({errors[0]}), so the bottleneck may be "
                 "one it could not see; see errors"
             ]
         limit, limit_notes = self._limit(counted)
-        first_fail = _first_failing(counted)
-        if first_fail is not None and first_fail.measurement.result.bottleneck == "scheduler":
+        if (
+            first_fail is not None
+            and shedding is None  # the refusals set the knee, not the sender's CPU
+            and not _backlog(first_fail.measurement)  # the sender kept its schedule; the service did not
+            and first_fail.measurement.result.bottleneck == "scheduler"
+        ):
             lag = first_fail.measurement.result.schedule_lag_ms.p99
             notes.append(
                 f"at {first_fail.measurement.rate:g} req/s the probe itself fell behind its schedule "
@@ -330,6 +351,14 @@ class CapacityRun:
         return Limit.aborted, [f"stopped after {len(steps)} steps (--max-steps) before an answer"]
 
 
+_SHEDDING_UNSEEN = (
+    "nothing in Prometheus appeared or rose at the knee: the limit is the refusals the probe counted"
+)
+_SHEDDING_UNLOOKED = (
+    "no Prometheus configured: what answers the refusals was not looked for (give --prometheus-url)"
+)
+
+
 def _first_failing(steps: list[_Step]) -> _Step | None:
     failing = [s for s in steps if s.measurement.failed_on is not None]
     return min(failing, key=lambda s: s.measurement.rate) if failing else None
@@ -359,6 +388,7 @@ def _step_view(step: _Step, earlier: list[_Step]) -> CapacityStep:
         error_ratio=round(result.error_ratio, 6),
         held=m.held,
         failed_on=m.failed_on,
+        unsustainable=m.unsustainable,
         stopped_early=m.stopped_early,
         counted=step.counted,
         sent=result.sent,

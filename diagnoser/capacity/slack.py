@@ -53,7 +53,7 @@ def render_capacity_report(report: CapacityReport, *, at: datetime | None = None
         if bottleneck.recommendation:
             line += f"\n_What to do:_ {escape(bottleneck.recommendation)}"
         blocks.append(section_block(line))
-        if bottleneck.runbook_url.startswith(("http://", "https://")):
+        if bottleneck.runbook_url and bottleneck.runbook_url.startswith(("http://", "https://")):
             blocks.append(button_block(bottleneck.runbook_url))
     for note in report.notes:
         blocks.append(section_block(f":information_source: {escape(note)}"))

@@ -13,6 +13,9 @@ While it runs, a watcher reads the probe's live counters every quarter second to
   first, so that Prometheus has scraped enough of it to show what gave way;
 - measure the *served* rate (answers per second over the second half of what ran), which is
   about the service's capacity when the step overloads it;
+- sample what is in flight and how far the sender is behind its schedule, to judge whether the
+  step reached a steady state at all (:mod:`diagnoser.capacity.sustain`): one that did not fails,
+  whatever its p99;
 - feed the live progress line.
 """
 
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from diagnoser.capacity.report import Unsustainable
+from diagnoser.capacity.sustain import StepSample, judge_sustain
 from diagnoser.config import ProbeSettings
 from diagnoser.probe import LiveStats, ProbeResult, ProbeSpec, enforce_safety
 from diagnoser.probe.caps import LoadCaps
@@ -68,6 +73,8 @@ class StepMeasurement:
     failed_on: Verdict | None
     stopped_early: bool
     interrupted: bool
+    #: Set when the step reached no steady state (a growing backlog, a sender falling behind).
+    unsustainable: Unsustainable | None = None
 
     @property
     def held(self) -> bool:
@@ -87,14 +94,15 @@ class _Watcher:
         self.failures = 0
         self._scanned = 0
         self.settled: Verdict | None = None
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[StepSample] = []
 
     def check(self, elapsed: float, *, sending: bool = True) -> None:
         tally = self.run.tally()
         self.slow, self.failures, self._scanned = tally.slow, tally.failures, tally.scanned
         if sending:
             # Answers after sending stopped are the queue draining: not a rate the load held.
-            self.samples.append((elapsed, tally.completed))
+            sample = StepSample(elapsed, tally.completed, tally.sent, tally.in_flight, tally.send_lag_s)
+            self.samples.append(sample)
         if self.settled is None:
             if self.failures > self.failures_allowed:
                 self.settled = "errors"
@@ -112,8 +120,8 @@ class _Watcher:
             return None
         first = self.samples[len(self.samples) // 2]
         last = self.samples[-1]
-        span = last[0] - first[0]
-        return round((last[1] - first[1]) / span, 1) if span >= 0.5 else None
+        span = last.elapsed_s - first.elapsed_s
+        return round((last.completed - first.completed) / span, 1) if span >= 0.5 else None
 
 
 async def run_step(
@@ -160,15 +168,20 @@ async def run_step(
     result = task.result()
     watcher.check(plan.step_s, sending=False)
     interrupted = result.abort_reason == INTERRUPTED
+    unsustainable = None if interrupted else judge_sustain(watcher.samples, rate)
+    failed_on = None if interrupted else _verdict(result, plan, watcher.settled, stopped_early)
+    if unsustainable is not None and failed_on is None:
+        failed_on = "latency"  # its latency grew through the step: a longer step would show it
     return StepMeasurement(
         rate=rate,
         result=result,
         started_at=started_wall,
         ended_at=started_wall + timedelta(seconds=result.duration_s),
         served_rate=watcher.served_rate(),
-        failed_on=None if interrupted else _verdict(result, plan, watcher.settled, stopped_early),
+        failed_on=failed_on,
         stopped_early=stopped_early,
         interrupted=interrupted,
+        unsustainable=unsustainable,
     )
 
 

@@ -2,9 +2,10 @@
 
 :class:`LiveStats` is the progress line (``diagnose probe``, ``diagnose capacity``).
 :class:`Tally` is what a capacity step's watcher judges by (answers, failures, answers slower
-than the SLO); :class:`SlowCounter` keeps it for one run, scanning only the answers new since
-its last call, so a step of thousands of requests is read once, not on every tick. A worker
-process keeps both and sends them to its coordinator, which adds them up.
+than the SLO, requests in flight, how far the sender is behind its schedule); :class:`SlowCounter`
+keeps it for one run, scanning only the answers new since its last call, so a step of thousands
+of requests is read once, not on every tick. A worker process keeps both and sends them to its
+coordinator, which adds them up (the send lag: it keeps the worst worker's).
 """
 
 from __future__ import annotations
@@ -32,13 +33,23 @@ class LiveStats:
 
 @dataclass
 class Tally:
-    """Answers, failures and answers slower than the step's limit, so far."""
+    """Answers, failures and answers slower than the step's limit, so far; what is in flight."""
 
     completed: int = 0
     failures: int = 0
     slow: int = 0
     #: Finished requests whose latency was scanned (0: no answer yet).
     scanned: int = 0
+    #: Requests sent, and finished (an answer, a timeout, a failure): their difference is in flight.
+    sent: int = 0
+    finished: int = 0
+    #: The worst schedule lag (seconds) of the sends since the previous tally (over workers: the
+    #: worst worker's): how far the open-loop sender is behind its schedule.
+    send_lag_s: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.finished
 
 
 class SlowCounter:
@@ -62,4 +73,7 @@ class SlowCounter:
             failures=sum(recorder.failures.values()),
             slow=self.slow,
             scanned=self._scanned,
+            sent=recorder.sent,
+            finished=recorder.finished,
+            send_lag_s=recorder.take_send_lag(),
         )

@@ -270,7 +270,10 @@ class ProbeRun:
         assert transport is not None
         timings = RequestTimings()
         started = time.monotonic()
-        self.recorder.sent += 1
+        recorder = self.recorder
+        recorder.sent += 1
+        if started - intended > recorder.send_lag_max_s:
+            recorder.send_lag_max_s = started - intended
         try:
             pending = transport.start(request, timings)
         except httpx.HTTPError as exc:

@@ -232,6 +232,9 @@ class ProbeRecorder:
         self.finished = 0
         self.connections_opened = 0
         self.pool_waits = 0
+        #: The latest send whose intended time had passed by the most (seconds) since the last
+        #: :meth:`take_send_lag`: how far the sender is behind its schedule, sampled while it runs.
+        self.send_lag_max_s = 0.0
         #: Per finished request, in milliseconds.
         self.values: dict[str, array[float]] = {name: array("f") for name in SERIES}
         self._recent_from = 0
@@ -267,6 +270,15 @@ class ProbeRecorder:
         values["tls"].append(_NONE if tls_s is None else tls_s * 1e3)
         values["ttfb"].append(_NONE if ttfb_s is None or latency_s is None else ttfb_s * 1e3)
         values["body"].append(_NONE if body_s is None or latency_s is None else body_s * 1e3)
+
+    def take_send_lag(self) -> float:
+        """The worst schedule lag (seconds) of the requests sent since the last call; resets it.
+
+        The per-request lag series is recorded when a request finishes; this one is kept as it is
+        sent, so a sender falling behind shows while its answers are still outstanding.
+        """
+        lag, self.send_lag_max_s = self.send_lag_max_s, 0.0
+        return lag
 
     def recent_p99_ms(self) -> float | None:
         """p99 latency of the requests finished since the last call (for a live view)."""

@@ -412,4 +412,7 @@ class PooledRun:
             failures=sum(t.failures for t in tallies),
             slow=sum(t.slow for t in tallies),
             scanned=sum(t.scanned for t in tallies),
+            sent=sum(t.sent for t in tallies),
+            finished=sum(t.finished for t in tallies),
+            send_lag_s=max((t.send_lag_s for t in tallies), default=0.0),
         )

@@ -10,6 +10,10 @@ request: the physical reference no client can beat. Routes::
     GET  /truncated            Content-Length: 100, 20 bytes sent, then the connection closes
     GET  /unavailable          503 {"error": "UNAVAILABLE"}
     GET  /close?ms=5           like /delay, but answers "Connection: close" (no reuse)
+    GET  /serial?ms=10         like /delay, but one request at a time over every connection, in
+                               arrival order: at most 1000/ms req/s, and a queue beyond that
+    GET  /limited?rps=100      a token bucket (refilled at rps, holding a tenth of a second of it):
+                               200 while it holds a token, else at once 503 (a plain rate limiter)
     POST /control/stall?ms=1000&after_s=2   every request arriving in that window waits for its end
     GET  /stats                {"count": .., "p50_ms": .., "p99_ms": .., "max_ms": ..}
     POST /stats/reset
@@ -39,6 +43,19 @@ class ServerState:
         self.histogram = HdrHistogram(1, 60_000_000, 3)
         self.stall_start = 0.0
         self.stall_end = 0.0
+        #: When the serial route's one server is free again.
+        self.serial_free_at = 0.0
+        #: The limited route's buckets by rate: (tokens, when last refilled).
+        self.buckets: dict[float, tuple[float, float]] = {}
+
+    def take_token(self, rps: float, now: float) -> bool:
+        """One token from the bucket of ``rps`` (burst: a tenth of a second of it, at least one)."""
+        burst = max(1.0, rps / 10)
+        tokens, since = self.buckets.get(rps, (burst, now))
+        tokens = min(burst, tokens + (now - since) * rps)
+        taken = tokens >= 1.0
+        self.buckets[rps] = (tokens - 1.0 if taken else tokens, now)
+        return taken
 
     def stats(self) -> dict[str, float | int | None]:
         h = self.histogram
@@ -131,6 +148,16 @@ class DelayProtocol(asyncio.Protocol):
                 answer()
             else:
                 loop.call_at(wake, answer)
+        elif path == "/serial":
+            # A single server: each request starts when the one before it is done.
+            wake = max(received, state.serial_free_at) + float(query.get("ms", "10")) / 1000
+            state.serial_free_at = wake
+            loop.call_at(wake, lambda: self._send(_response(200, _FEATURES)))
+        elif path == "/limited":
+            if state.take_token(float(query.get("rps", "100")), received):
+                self._send(_response(200, _FEATURES))
+            else:
+                self._send(_response(503, b'{"error": "rate limited"}', reason="Service Unavailable"))
         elif path == "/empty-object":
             self._send(_response(200, b"{}"))
         elif path == "/empty-features":
