@@ -138,6 +138,9 @@ class CapacitySettings(_Section):
     max_duration_s: float = Field(default=600.0, gt=0, le=CAPACITY_MAX_DURATION_CEILING_S)
     #: Worker processes on this machine; ``None``: one per usable core, no more than the rate needs.
     workers: int | None = Field(default=None, ge=1, le=256)
+    #: A capacity on record older than this is left out of incident messages (the service has
+    #: changed since: a release, a resize); ``/metrics`` still exports it, with its timestamp.
+    record_max_age_days: float = Field(default=30.0, gt=0, le=3650)
 
 
 class SlackSettings(_Section):

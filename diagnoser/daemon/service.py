@@ -34,6 +34,7 @@ from typing import Any
 
 from diagnoser.config import Settings
 from diagnoser.daemon.alerts import AlertReceiver
+from diagnoser.daemon.capacity_record import CapacityBook, capacity_book
 from diagnoser.daemon.http import HttpServer
 from diagnoser.daemon.jobs import DiagnoseJob, LeaderJob, OutboxJob, ProbeJob
 from diagnoser.daemon.leader import LeaderElector, SoleLeader, elector_for
@@ -128,6 +129,7 @@ class Daemon:
         """Open the state, build sources, serve HTTP and start the jobs (the first runs at once)."""
         configs = self._receiver_configs()
         state = self.state = StateStore(Path(self.config.state_path), routes=routes(configs))
+        self.metrics.capacity.runs = state.capacities_on_record
         self._build_parts(state, configs)
         assert self.elector is not None
         assert self.rules is not None
@@ -245,6 +247,21 @@ class Daemon:
         if prometheus is None:
             return {}
         return await current_readings(prometheus, causes, at=at)
+
+    async def capacity_book(self, diagnosis: Diagnosis) -> CapacityBook | None:
+        """The capacities on record and the load now of the services ``diagnosis`` found something
+        about: each incident message's headroom line (``None``: no capacity on record)."""
+        if self.state is None:
+            return None
+        return await capacity_book(
+            self.state.capacities_on_record(),
+            diagnosis.findings,
+            sources=self.sources.sources if self.sources is not None else None,
+            catalogue=self.diagnosis_config.rules.catalogue,
+            window=self.diagnosis_config.window,
+            at=diagnosis.evaluated_at,
+            max_age_s=self.settings.capacity.record_max_age_days * 86400,
+        )
 
     async def diagnose_job(self) -> Diagnosis:
         """One scheduled diagnosis: evaluate, update state, queue and deliver notifications."""
