@@ -35,6 +35,7 @@ from typing import Any
 from diagnoser.config import Settings
 from diagnoser.daemon.alerts import AlertReceiver
 from diagnoser.daemon.capacity_record import CapacityBook, capacity_book
+from diagnoser.daemon.capacity_schedule import CapacityScheduleJob
 from diagnoser.daemon.http import HttpServer
 from diagnoser.daemon.jobs import DiagnoseJob, LeaderJob, OutboxJob, ProbeJob
 from diagnoser.daemon.leader import LeaderElector, SoleLeader, elector_for
@@ -105,6 +106,8 @@ class Daemon:
         self.alerts = AlertReceiver(self)
         self.http = HttpServer(self, self.config)
         self.outbox: OutboxJob | None = None
+        #: ``capacity.schedule``'s jobs, once started.
+        self.capacity_jobs: list[CapacityScheduleJob] = []
         self._stopping = False
 
     @property
@@ -143,6 +146,7 @@ class Daemon:
             self.schedule.add("probe", self.probes, every_s=cfg.probe_interval_s)
         # What an earlier life of the daemon left queued goes out at once.
         self.schedule.add(OutboxJob.JOB_ID, self.outbox, every_s=cfg.outbox_retry_s, jitter=False)
+        self._schedule_capacity_runs(state)
         if not isinstance(self.elector, SoleLeader):
             renew_s = cfg.leader_election.renew_interval_s
             self.schedule.add("leader", leader, every_s=renew_s, jitter=False, first_run_now=False)
@@ -159,6 +163,19 @@ class Daemon:
                 "identity": self.elector.identity,
             },
         )
+
+    def _schedule_capacity_runs(self, state: StateStore) -> None:
+        """``capacity.schedule``'s runs (none by default); an entry over the caps is refused alone."""
+        elector = self.elector
+        assert elector is not None
+        for entry in self.settings.capacity.schedule:
+            try:
+                job = CapacityScheduleJob(entry, self.settings, state, leads=lambda: elector.is_leader)
+            except ConfigError as exc:
+                log.error("capacity run not scheduled: %s", exc)
+                continue
+            self.capacity_jobs.append(job)
+            self.schedule.add(job.job_id, job, every_s=entry.every_s, first_run_now=False)
 
     def _receiver_configs(self) -> list[ReceiverConfig]:
         """The receivers' typed configs (none when a sender was passed in); older keys logged."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
@@ -33,13 +33,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from diagnoser.cli.capacity_record import RecordFlags
+from diagnoser.config.sections import ScheduledCapacityRun
 from diagnoser.daemon import Daemon
 from diagnoser.daemon.capacity_record import CapacityRun
 from diagnoser.daemon.state import StateStore
 from diagnoser.testing.processes import free_port
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.daemon.conftest import LivePrometheus, daemon_settings, wait_for
+from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
 from tests.daemon.test_incidents import header
 from tests.fixtures.background_http import BackgroundHTTPServer
 from tests.fixtures.slack_server import SlackFixtureServer
@@ -302,3 +303,58 @@ def test_a_run_is_recorded_only_where_a_state_file_is_named(tmp_path: Path, monk
     assert RecordFlags(state=tmp_path / "flag.sqlite3").state_path(daemon) == tmp_path / "flag.sqlite3"
     monkeypatch.setenv("DIAGNOSER_DAEMON__STATE_PATH", str(tmp_path / "env.sqlite3"))
     assert RecordFlags().state_path(caps) == tmp_path / "env.sqlite3"
+
+
+class CountingHandler(QuickHandler):
+    """Keeps the path of every request it answers."""
+
+    paths: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        CountingHandler.paths.append(self.path)
+        super().do_GET()
+
+
+async def test_a_scheduled_capacity_run_is_recorded_and_exported(
+    tmp_path: Path, live_prometheus: LivePrometheus, pool_app: PoolApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = BackgroundHTTPServer(CountingHandler, name="capacity-schedule").start()
+    try:
+        allowed = f"{server.url}/v1/quote"
+        # The same server under a name that is not in probe.allowed_hosts: never sent to.
+        refused = f"http://localhost:{server.port}/refused"
+        quick = {"every_s": 1, "steps": [20, 40], "step_s": 1, "warmup_s": 0, "pause_s": 0, "slo_p99_ms": 300}
+        schedule = [
+            ScheduledCapacityRun(target=allowed, service="checkout", namespace="shop", **quick),
+            ScheduledCapacityRun(target=refused, service="checkout", **quick),
+            ScheduledCapacityRun(target=allowed, max_rate=10**6),  # over capacity.max_rate: refused at start
+        ]
+        settings = daemon_settings(tmp_path, live_prometheus.url, "sched-none")
+        settings = settings.model_copy(
+            update={
+                "capacity": settings.capacity.model_copy(update={"schedule": schedule}),
+                "probe": settings.probe.model_copy(update={"allowed_hosts": ["127.0.0.1"]}),
+            }
+        )
+        daemon = Daemon(settings)
+        await daemon.start()
+        try:
+            assert len(daemon.capacity_jobs) == 2
+            state = daemon.state
+            assert state is not None
+            await wait_for(lambda: bool(state.capacities_on_record()), 30, "a scheduled run recorded")
+            (run,) = state.capacities_on_record()
+            assert (run.target, run.service, run.namespace, run.capacity_rps) == (allowed, "checkout", "shop", 40.0)
+            port = daemon.http_port
+            assert port is not None
+            exported = await asyncio.to_thread(scrape, port)
+            assert exported[("diagnoser_capacity_rps", (("service", "checkout"), ("target", allowed)))] == 40.0
+        finally:
+            await daemon.stop()
+        assert not any(path.startswith("/refused") for path in CountingHandler.paths)
+        said = [r.getMessage() for r in caplog.records if r.name == "diagnoser.daemon.capacity_schedule"]
+        assert any("localhost" in line and "allowed_hosts" in line for line in said), said
+        assert any("capacity run not scheduled" in r.getMessage() for r in caplog.records)
+        assert all(r.target == allowed for r in StateStore(tmp_path / "state.sqlite3").capacity_runs())
+    finally:
+        server.stop()
