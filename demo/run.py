@@ -9,8 +9,10 @@ sink that prints each message as Slack shows it (``demo/slack_sink.py``). Then i
 an on-call engineer lives through, using only diagnoser's public commands:
 
 1. the daemon's probe finds that unknown users get ``200 {"features": {}}`` (``empty_success_response``);
-2. ``diagnose capacity`` steps the load up, finds the knee and names the pool, with its Little's-law size;
-3. traffic above that knee arrives: the daemon posts ``connection_pool_exhaustion`` with its runbook;
+2. ``diagnose capacity`` steps the load up, finds the knee and names the pool, with its Little's-law size,
+   and records the capacity in the daemon's state file;
+3. traffic above that knee arrives: the daemon posts ``connection_pool_exhaustion`` with its runbook
+   and the service's load against that capacity;
 4. the service restarts with the recommended pool under that same traffic: the finding is
    resolved in the same Slack thread;
 5. ``diagnose capacity`` again: the capacity rose (the demo checks by how much).
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import os
 import re
 import shutil
@@ -217,6 +220,14 @@ def pool_size_recommended(recommendation: str) -> int | None:
     return int(found.group(2)) if found else None
 
 
+def load_line_of(message: PostedMessage) -> str | None:
+    """The line of an incident's message that says its load against the capacity on record."""
+    texts = [b["text"]["text"] for b in message.blocks if b.get("type") == "section"]
+    lines = [line.strip("*") for text in texts for line in text.splitlines()]
+    found = next((line for line in lines if "req/s now" in line), None)
+    return html.unescape(found) if found is not None else None
+
+
 def cause_of(message: PostedMessage) -> str:
     """The finding's cause, from the message's first line (``CRITICAL: <cause>: ...``)."""
     found = re.search(r"(?:CRITICAL|WARNING|INFO): (\w+)", message.text)
@@ -241,6 +252,8 @@ class Lab:
         #: The channel's last screen and ``(top-level, replies, edits)``, kept when the sink closes.
         self.channel = ""
         self.slack_counts = (0, 0, 0)
+        #: What the pool incident said of its load against the first capacity run's, once seen.
+        self.load_line: str | None = None
 
     @property
     def known_user(self) -> str:
@@ -393,7 +406,7 @@ class Lab:
         argv = self.python(
             "capacity", self.known_user, "--slo-p99-ms", f"{SLO_P99_MS:g}",
             "--step-s", f"{self.pace.step_s:g}", "--start-rate", f"{start_rate:g}",
-            "--max-rate", f"{max_rate:g}", "--warmup-s", "1",
+            "--max-rate", f"{max_rate:g}", "--warmup-s", "1", "--service", "feature-service",
             "--config", str(self.config), "--format", "json", "--plot", str(plot),
         )  # fmt: skip
         self.terminal.say("$ diagnose capacity " + " ".join(argv[4:]).replace(str(self.workdir), "$DEMO"))
@@ -440,6 +453,7 @@ class Lab:
         try:
             new = self.pool_incident(since=time.monotonic())
             if new is not None:
+                self.load_line = self.capacity_line(new)
                 t.say("The daemon names the same cause under live traffic, its size from Little's law on the"
                       " demand it\nmeasures (served, timed out, and the growth of the queue).")  # fmt: skip
                 t.chapter(f"Restarting the service with the recommended pool of {pool}, traffic still coming")
@@ -474,6 +488,20 @@ class Lab:
             return None
         thread_ts = seen.thread_ts or seen.ts
         return next((m for m in self.sink.top_level() if m.ts == thread_ts), None)
+
+    def capacity_line(self, incident: PostedMessage) -> str | None:
+        """The pool incident's load against the capacity the first run recorded, as its message
+        (or an edit of it) says it; the incident may have opened during that run, before it was
+        recorded, and say it from its next edit."""
+        said = self.sink.wait_for(
+            lambda m: m.ts == incident.ts and load_line_of(m) is not None, self.pace.wait_s, edits=True
+        )
+        line = load_line_of(said) if said is not None else None
+        if line is None:
+            self.missing.append("the pool incident's load against the capacity on record")
+        else:
+            self.terminal.say(f"The incident says the load against the first run's capacity:\n  {line}")
+        return line
 
     @property
     def both_plot(self) -> Path:
@@ -534,6 +562,8 @@ def summarize(terminal: Terminal, lab: Lab, before: float | None, after: float |
             lab.missing.append(f"a capacity rise of at least {REQUIRED_RISE:g}x (measured {rise:.2f}x)")
     else:
         lab.missing.append("capacity before and after")
+    if lab.load_line is not None:
+        say(f"pool incident: {lab.load_line}")
     top, replies, edits = lab.slack_counts
     say(f"slack: {top} top-level messages, {replies} thread replies, {edits} edits in place")
     plots = [lab.out / f"capacity-{name}.svg" for name in ("before", "after")] + [lab.both_plot]

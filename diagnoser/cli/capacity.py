@@ -64,6 +64,7 @@ from diagnoser.cli.app import (
     stdout,
     write_out,
 )
+from diagnoser.cli.capacity_record import CapacityRecorder, RecordFlags
 from diagnoser.config import Settings
 from diagnoser.errors import ConfigError, DiagnoserError, ProbeWorkerError, SlackSendError
 from diagnoser.probe import LiveStats, build_spec, enforce_safety
@@ -324,6 +325,7 @@ def capacity_command(
     workers: WorkerFlags,
     report: ReportFlags,
     grpc: GrpcFlags,
+    record: RecordFlags,
     prometheus_url: Annotated[
         str | None, typer.Option("--prometheus-url", help="Evaluate the rules at each step.")
     ] = None,
@@ -339,6 +341,7 @@ def capacity_command(
             check_plot_path(report.plot)
         sender = _slack_sender(settings) if report.slack else None
         choice = _workers(settings, options, plan, workers)
+        recorder = CapacityRecorder(record, config, plan.spec)
     except DiagnoserError as exc:
         raise fail(str(exc)) from exc
     on_progress, on_step = _progress_printers(err) if err.is_terminal else (None, None)
@@ -348,6 +351,7 @@ def capacity_command(
     )
     result = _measure(run, choice)
     _print(result, report.output)
+    recorder.record(result)
     _write_and_post(result, report.plot, sender, err)
     raise typer.Exit(result.exit_code)
 

@@ -141,6 +141,11 @@ class CapacitySettings(_Section):
     max_duration_s: float = Field(default=600.0, gt=0, le=CAPACITY_MAX_DURATION_CEILING_S)
     #: Worker processes on this machine; ``None``: one per usable core, no more than the rate needs.
     workers: int | None = Field(default=None, ge=1, le=256)
+    #: A capacity on record older than this is left out of incident messages (the service has
+    #: changed since: a release, a resize); ``/metrics`` still exports it, with its timestamp.
+    record_max_age_days: float = Field(default=30.0, gt=0, le=3650)
+    #: Capacity runs the daemon makes itself (the leader only), recorded in its state; off: none.
+    schedule: list[ScheduledCapacityRun] = Field(default_factory=list)
 
 
 class SlackSettings(_Section):
@@ -345,3 +350,29 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+class ScheduledCapacityRun(_Section):
+    """One ``capacity.schedule`` entry: a ``diagnose capacity`` run the daemon makes on its own,
+    within the ``capacity.*`` caps, of a target whose host is in ``probe.allowed_hosts``."""
+
+    #: A URL or a probe file; its host must be in ``probe.allowed_hosts`` either way (no one typed it).
+    target: str
+    #: Seconds between runs (the first one this long after the daemon starts).
+    every_s: float = Field(default=86_400.0, gt=0)
+    #: The SLO a step must hold: ``slo.p99_ms`` by default, and the load test's 0.001 error ratio.
+    slo_p99_ms: float | None = Field(default=None, gt=0)
+    slo_error_ratio: float | None = Field(default=None, ge=0, le=1)
+    #: The highest rate tried (default and cap: ``capacity.max_rate``); fixed ``steps`` instead of a search.
+    max_rate: float | None = Field(default=None, gt=0)
+    start_rate: float | None = Field(default=None, gt=0)
+    steps: list[float] | None = None
+    step_s: float = Field(default=30.0, gt=0)
+    pause_s: float = Field(default=1.0, ge=0)
+    warmup_s: float = Field(default=2.0, ge=0)
+    max_steps: int = Field(default=16, ge=1, le=50)
+    #: The service the target measures (and its namespace), as for ``diagnose capacity --service``.
+    service: str | None = None
+    namespace: str | None = None
+
+
+# ``capacity.schedule``'s entries are defined after the section that lists them.
+CapacitySettings.model_rebuild()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from diagnoser.config import DaemonSettings, ProbeSettings, Settings
+from diagnoser.daemon.capacity_record import CapacityBook
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.leader import LeaderElector
 from diagnoser.daemon.metrics import DaemonMetrics
@@ -65,6 +66,8 @@ class JobHost(Protocol):
 
     async def read_again(self, causes: list[Finding], at: datetime) -> dict[str, list[Evidence]]: ...
 
+    async def capacity_book(self, diagnosis: Diagnosis) -> CapacityBook | None: ...
+
     def wake_outbox(self) -> None: ...
 
 
@@ -99,7 +102,8 @@ class DiagnoseJob:
         host.metrics.last_diagnosis.set(time.time())
         try:
             readings = await self._readings(host.state, diagnosis)
-            queued = self._record(host.state, diagnosis, readings)
+            capacity = await host.capacity_book(diagnosis)
+            queued = self._record(host.state, diagnosis, readings, capacity)
         except StateError as exc:
             # Nothing was half-written (one transaction): the next run decides again, whole.
             report_state_error(host.metrics, exc)
@@ -126,7 +130,8 @@ class DiagnoseJob:
         return await self.host.read_again(absent, diagnosis.evaluated_at) if absent else {}
 
     def _record(
-        self, state: StateStore, diagnosis: Diagnosis, readings: dict[str, list[Evidence]]
+        self, state: StateStore, diagnosis: Diagnosis, readings: dict[str, list[Evidence]],
+        capacity: CapacityBook | None = None,
     ) -> list[OutboxEntry]:
         config = self.host.config
         before = {f.identity: f for f in state.active_findings()}
@@ -139,6 +144,7 @@ class DiagnoseJob:
             silenced=[s.identity for s in silenced],
             policy=self.policy,
             readings=readings,
+            capacity=capacity,
         )
         _log_transitions(before, {f.identity: f for f in state.active_findings()})
         self.host.metrics.notifications_queued.set(state.pending_count())

@@ -12,15 +12,20 @@ into a Prometheus histogram by a collector of their own. ::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from diagnoser.daemon.capacity_record import CapacityRun
+from diagnoser.errors import StateError
 from diagnoser.models import Diagnosis
 
-__all__ = ["PROBE_BUCKETS_S", "DaemonMetrics"]
+__all__ = ["PROBE_BUCKETS_S", "CapacityCollector", "DaemonMetrics"]
+
+log = logging.getLogger(__name__)
 
 #: Probe latency buckets in seconds: from a fast health check to a request timing out.
 PROBE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -78,6 +83,7 @@ class DaemonMetrics:
         self._add_probe_metrics(self.registry)
         self._add_notification_metrics(self.registry)
         self._add_health_metrics(self.registry)
+        self._add_capacity_metrics(self.registry)
 
     def _add_diagnosis_metrics(self, r: CollectorRegistry) -> None:
         self.diagnoses = Counter(
@@ -224,3 +230,50 @@ class DaemonMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def _add_capacity_metrics(self, r: CollectorRegistry) -> None:
+        #: The capacity on record of each target, read from the state once the daemon opened it.
+        self.capacity = CapacityCollector(lambda: [])
+        r.register(self.capacity)
+
+
+
+class CapacityCollector(Collector):
+    """The capacity on record of each target, read from the state file at each scrape.
+
+    Read at scrape time rather than kept in gauges: a ``diagnose capacity`` run records into the
+    state file the daemon has open, and ``/metrics`` shows it at the next scrape without a restart.
+    A state file that cannot be read at that moment exports none of them (the error is counted by
+    the job that meets it next).
+    """
+
+    def __init__(self, runs: Callable[[], Sequence[CapacityRun]]) -> None:
+        self.runs = runs
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        rps = GaugeMetricFamily(
+            "diagnoser_capacity_rps",
+            "Capacity on record of each diagnose capacity target: the highest rate that held its SLO.",
+            labels=["target", "service"],
+        )
+        p99 = GaugeMetricFamily(
+            "diagnoser_capacity_slo_p99_seconds",
+            "The p99 latency SLO the capacity on record was measured against.",
+            labels=["target"],
+        )
+        measured = GaugeMetricFamily(
+            "diagnoser_capacity_measured_timestamp_seconds",
+            "When the capacity on record was measured (the run's last step ended).",
+            labels=["target"],
+        )
+        try:
+            runs = self.runs()
+        except StateError as exc:
+            log.warning("capacity on record not exported: %s", exc)
+            runs = []
+        for run in runs:
+            if run.capacity_rps is None:
+                continue
+            rps.add_metric([run.target, run.service or ""], run.capacity_rps)
+            p99.add_metric([run.target], run.slo_p99_ms / 1000)
+            measured.add_metric([run.target], run.measured_at)
+        yield from (rps, p99, measured)

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from sqlite3 import Connection
 
+from diagnoser.daemon.capacity_record import CapacityBook
 from diagnoser.daemon.incidents import Group, IncidentPolicy, explains, group_findings, service_of
 from diagnoser.models import Evidence, Finding
 from diagnoser.notify.incident_render import duration_text
@@ -118,6 +119,7 @@ class IncidentBook:
         now: float,
         notify: bool = True,
         readings: Mapping[str, list[Evidence]] | None = None,
+        capacity: CapacityBook | None = None,
     ) -> None:
         self.db = db
         self.policy = policy
@@ -125,6 +127,8 @@ class IncidentBook:
         self.notify = notify
         #: What the evidence of causes no longer found reads now, by the cause's identity.
         self.readings = readings or {}
+        #: The capacities on record and the services' load now (each message's headroom line).
+        self.capacity = capacity
 
     def reconcile(
         self, findings: Sequence[Finding], *, carried: set[str], unread: Mapping[str, str] | None = None
@@ -297,6 +301,7 @@ class IncidentBook:
             earlier_now=self.readings.get(earlier.identity, []) if earlier is not None else [],
             # A reopening without its cause is about what came back: no clock of a cause runs.
             cause_cleared_at=row.view.cause_cleared_at if earlier and row.status == "open" else None,
+            capacity=self.capacity.reading_for([lead, *explained]) if self.capacity is not None else None,
         )
 
     # --- transitions ---------------------------------------------------------------------

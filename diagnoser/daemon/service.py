@@ -34,6 +34,8 @@ from typing import Any
 
 from diagnoser.config import Settings
 from diagnoser.daemon.alerts import AlertReceiver
+from diagnoser.daemon.capacity_record import CapacityBook, capacity_book
+from diagnoser.daemon.capacity_schedule import CapacityScheduleJob
 from diagnoser.daemon.http import HttpServer
 from diagnoser.daemon.jobs import DiagnoseJob, LeaderJob, OutboxJob, ProbeJob
 from diagnoser.daemon.leader import LeaderElector, SoleLeader, elector_for
@@ -104,6 +106,8 @@ class Daemon:
         self.alerts = AlertReceiver(self)
         self.http = HttpServer(self, self.config)
         self.outbox: OutboxJob | None = None
+        #: ``capacity.schedule``'s jobs, once started.
+        self.capacity_jobs: list[CapacityScheduleJob] = []
         self._stopping = False
 
     @property
@@ -128,6 +132,7 @@ class Daemon:
         """Open the state, build sources, serve HTTP and start the jobs (the first runs at once)."""
         configs = self._receiver_configs()
         state = self.state = StateStore(Path(self.config.state_path), routes=routes(configs))
+        self.metrics.capacity.runs = state.capacities_on_record
         self._build_parts(state, configs)
         assert self.elector is not None
         assert self.rules is not None
@@ -141,6 +146,7 @@ class Daemon:
             self.schedule.add("probe", self.probes, every_s=cfg.probe_interval_s)
         # What an earlier life of the daemon left queued goes out at once.
         self.schedule.add(OutboxJob.JOB_ID, self.outbox, every_s=cfg.outbox_retry_s, jitter=False)
+        self._schedule_capacity_runs(state)
         if not isinstance(self.elector, SoleLeader):
             renew_s = cfg.leader_election.renew_interval_s
             self.schedule.add("leader", leader, every_s=renew_s, jitter=False, first_run_now=False)
@@ -157,6 +163,19 @@ class Daemon:
                 "identity": self.elector.identity,
             },
         )
+
+    def _schedule_capacity_runs(self, state: StateStore) -> None:
+        """``capacity.schedule``'s runs (none by default); an entry over the caps is refused alone."""
+        elector = self.elector
+        assert elector is not None
+        for entry in self.settings.capacity.schedule:
+            try:
+                job = CapacityScheduleJob(entry, self.settings, state, leads=lambda: elector.is_leader)
+            except ConfigError as exc:
+                log.error("capacity run not scheduled: %s", exc)
+                continue
+            self.capacity_jobs.append(job)
+            self.schedule.add(job.job_id, job, every_s=entry.every_s, first_run_now=False)
 
     def _receiver_configs(self) -> list[ReceiverConfig]:
         """The receivers' typed configs (none when a sender was passed in); older keys logged."""
@@ -245,6 +264,21 @@ class Daemon:
         if prometheus is None:
             return {}
         return await current_readings(prometheus, causes, at=at)
+
+    async def capacity_book(self, diagnosis: Diagnosis) -> CapacityBook | None:
+        """The capacities on record and the load now of the services ``diagnosis`` found something
+        about: each incident message's headroom line (``None``: no capacity on record)."""
+        if self.state is None:
+            return None
+        return await capacity_book(
+            self.state.capacities_on_record(),
+            diagnosis.findings,
+            sources=self.sources.sources if self.sources is not None else None,
+            catalogue=self.diagnosis_config.rules.catalogue,
+            window=self.diagnosis_config.window,
+            at=diagnosis.evaluated_at,
+            max_age_s=self.settings.capacity.record_max_age_days * 86400,
+        )
 
     async def diagnose_job(self) -> Diagnosis:
         """One scheduled diagnosis: evaluate, update state, queue and deliver notifications."""

@@ -5,6 +5,8 @@ One SQLite file (a PersistentVolume in the cluster) holds:
 - ``findings``: one row per fingerprint (:attr:`~diagnoser.models.Finding.identity`: rule id,
   cause and the finding's identifying labels), with its severity and when it was first and last
   seen: what ``GET /findings`` lists;
+- ``capacity_runs``: every ``diagnose capacity`` run recorded here, the newest per target that
+  found one being its capacity on record (:mod:`~diagnoser.daemon.capacity_record`);
 - ``incidents``: a cause and the findings it explains, or a symptom alone
   (:mod:`~diagnoser.daemon.reconcile` decides about them), with the Slack message that
   shows each (to edit) and the thread its replies go in;
@@ -47,6 +49,7 @@ from sqlite3 import Connection
 from typing import Any, Protocol
 
 from diagnoser.config.receivers import Match, Route
+from diagnoser.daemon.capacity_record import CapacityBook, CapacityRun
 from diagnoser.daemon.incidents import IncidentPolicy
 from diagnoser.daemon.reconcile import IncidentBook
 from diagnoser.daemon.state_file import StateFile
@@ -142,6 +145,7 @@ class StateStore:
         silenced: Iterable[str] = (),
         policy: IncidentPolicy | None = None,
         readings: Mapping[str, list[Evidence]] | None = None,
+        capacity: CapacityBook | None = None,
     ) -> list[OutboxEntry]:
         """Update the active findings and incidents from ``diagnosis``; queue what must be said.
 
@@ -156,6 +160,7 @@ class StateStore:
         timing (default: none, every change said at once, with this ``cooldown_s``).
         ``readings``: what the evidence of causes no longer found reads now, by their identity
         (:func:`~diagnoser.daemon.readings.current_readings`), told where they are not seen now.
+        ``capacity``: the capacities on record and the load now, for each message's headroom line.
         """
         now = time.time() if now is None else now
         policy = policy or IncidentPolicy(cooldown_s=cooldown_s)
@@ -189,7 +194,9 @@ class StateStore:
                         unread[fp] = not_run.get(gone.rule_id) or _first_error(diagnosis, failed)
                     else:
                         self._db.execute("UPDATE findings SET status='resolved' WHERE fingerprint=?", (fp,))
-            book = IncidentBook(self._db, policy, now=now, notify=notify, readings=readings)
+            book = IncidentBook(
+                self._db, policy, now=now, notify=notify, readings=readings, capacity=capacity
+            )
             decisions = book.reconcile(list(seen.values()), carried=carried, unread=unread)
             entries = [
                 entry
@@ -581,6 +588,56 @@ class StateStore:
     def integrity_ok(self) -> bool:
         """SQLite's full integrity check of the file (what a restart after a crash relies on)."""
         return bool(self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+    # --- capacity on record ------------------------------------------------------------------
+
+    _CAPACITY_COLUMNS = (
+        "target, capacity_rps, slo_p99_ms, slo_error_ratio, limit_reason, measured_at, service, namespace,"
+        " bottleneck_cause"
+    )
+
+    def record_capacity(self, run: CapacityRun) -> None:
+        """Keep one ``diagnose capacity`` run (every run is kept; see :meth:`capacities_on_record`)."""
+        with self._write("record a capacity run") as db:
+            db.execute(
+                f"INSERT INTO capacity_runs ({self._CAPACITY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                (run.target, run.capacity_rps, run.slo_p99_ms, run.slo_error_ratio, run.limit,
+                 run.measured_at, run.service, run.namespace, run.bottleneck_cause),
+            )  # fmt: skip
+
+    def capacity_runs(self, target: str | None = None) -> list[CapacityRun]:
+        """Every run kept (of ``target``), oldest first."""
+        where, args = ("WHERE target=?", (target,)) if target is not None else ("", ())
+        with self._reading("read the capacity runs") as db:
+            rows = db.execute(
+                f"SELECT {self._CAPACITY_COLUMNS} FROM capacity_runs {where} ORDER BY measured_at, id", args
+            ).fetchall()
+        return [_capacity_run(row) for row in rows]
+
+    def capacities_on_record(self) -> list[CapacityRun]:
+        """The capacity on record of each target: its newest run that found one."""
+        with self._reading("read the capacities on record") as db:
+            rows = db.execute(
+                f"SELECT {self._CAPACITY_COLUMNS} FROM capacity_runs WHERE id IN (SELECT id FROM"
+                " (SELECT id, row_number() OVER (PARTITION BY target ORDER BY measured_at DESC, id DESC)"
+                " AS n FROM capacity_runs WHERE capacity_rps IS NOT NULL AND limit_reason != 'aborted')"
+                " WHERE n=1) ORDER BY target"
+            ).fetchall()
+        return [_capacity_run(row) for row in rows]
+
+
+def _capacity_run(row: Sequence[Any]) -> CapacityRun:
+    return CapacityRun(
+        target=str(row[0]),
+        capacity_rps=None if row[1] is None else float(row[1]),
+        slo_p99_ms=float(row[2]),
+        slo_error_ratio=float(row[3]),
+        limit=str(row[4]),
+        measured_at=float(row[5]),
+        service=row[6],
+        namespace=row[7],
+        bottleneck_cause=row[8],
+    )
 
 
 def _first_error(diagnosis: Diagnosis, sources: set[str]) -> str:

@@ -1,9 +1,9 @@
 """The state file itself: one SQLite file that is opened safely, set aside when corrupted, and written whole.
 
 :class:`StateFile` opens the file in WAL mode, creates or upgrades its tables (``findings``,
-``incidents``, ``receiver_posts``, ``outbox``, ``dead_letters``, ``meta``) and writes once at
-start, so a path that cannot be
-opened or written (missing permission, read-only, a directory) is refused before the daemon runs.
+``incidents``, ``receiver_posts``, ``outbox``, ``dead_letters``, ``meta``, ``capacity_runs``) and
+writes once at start, so a path that cannot be opened or written (missing permission, read-only,
+a directory) is refused before the daemon runs.
 A file an older release wrote gains what it lacks (``upgraded``; what its rows mean is
 :mod:`~diagnoser.daemon.state_upgrade`'s). A file that is not a valid SQLite database is set
 aside (renamed ``<name>.corrupt-<UTC time>``) and a fresh one started. Every failure comes out as one
@@ -97,6 +97,19 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     error        TEXT NOT NULL,
     dead_at      REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS capacity_runs (
+    id                INTEGER PRIMARY KEY AUTOINCREMENT,
+    target            TEXT NOT NULL,
+    service           TEXT,
+    namespace         TEXT,
+    capacity_rps      REAL,
+    slo_p99_ms        REAL NOT NULL,
+    slo_error_ratio   REAL NOT NULL,
+    limit_reason      TEXT NOT NULL,
+    bottleneck_cause  TEXT,
+    measured_at       REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS capacity_runs_by_target ON capacity_runs (target, measured_at);
 """
 #: Columns added after the first release, by table; an older file gains them when opened.
 _ADDED_COLUMNS: dict[str, dict[str, str]] = {}

@@ -12,15 +12,18 @@ rendered after a restart (or a chat.update sent late) says what was true then. :
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagnoser.models import Diagnosis, Evidence, Finding, Severity
+from diagnoser.numbers import format_number
 
 __all__ = [
     "AlertReportPayload",
+    "CapacityReading",
     "DigestPayload",
     "DigestRow",
     "FindingPayload",
@@ -59,6 +62,67 @@ class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class CapacityReading(_Payload):
+    """A service's load now against the capacity on record for it (``diagnose capacity``).
+
+    The load is the service's request rate read from Prometheus when the incident's message was
+    decided; the capacity is the newest run recorded for a target that measures the service.
+    """
+
+    service: str
+    #: The target the capacity run stepped (a URL).
+    target: str
+    capacity_rps: float
+    #: Every step held up to the run's highest rate (``limit: max_rate``): a lower bound.
+    at_least: bool = False
+    slo_p99_ms: float
+    slo_error_ratio: float
+    #: When the run finished (Unix seconds).
+    measured_at: float
+    #: Requests per second the service serves now; ``None`` when Prometheus could not tell.
+    rps_now: float | None = None
+
+    @property
+    def over(self) -> bool:
+        """The load now is above the capacity on record."""
+        return self.rps_now is not None and self.rps_now > self.capacity_rps
+
+    @property
+    def headroom(self) -> float | None:
+        """The share of the capacity still unused (negative over it)."""
+        if self.rps_now is None or self.capacity_rps <= 0:
+            return None
+        return 1.0 - self.rps_now / self.capacity_rps
+
+    def text(self) -> str:
+        """``at 410 req/s now; capacity 520 req/s at p99 <= 300 ms, measured 2026-12-01 14:02 UTC;
+        headroom 21 %``, or ``over capacity: 610 req/s now against 520 req/s measured ...``."""
+        measured = datetime.fromtimestamp(self.measured_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        capacity = f"{format_number(self.capacity_rps)} req/s"
+        slo = f"p99 <= {format_number(self.slo_p99_ms)} ms"
+        if self.rps_now is None:
+            bound = "at least " if self.at_least else ""
+            return f"capacity {bound}{capacity} at {slo}, measured {measured}; the load now could not be read"
+        now = f"{format_number(self.rps_now)} req/s"
+        if self.over and self.at_least:
+            return (
+                f"at {now} now, above the {capacity} that held {slo} when measured {measured}"
+                " (the most that run tried: its capacity was not reached)"
+            )
+        if self.over:
+            beyond = round((self.rps_now / self.capacity_rps - 1.0) * 100)
+            return (
+                f"over capacity: {now} now against {capacity} measured {measured} at {slo}"
+                f" ({beyond} % over)"
+            )
+        headroom = round((self.headroom or 0.0) * 100)
+        bound = "at least " if self.at_least else ""
+        return (
+            f"at {now} now; capacity {bound}{capacity} at {slo}, measured {measured};"
+            f" headroom {bound}{headroom} %"
+        )
+
+
 class IncidentView(_Payload):
     """An incident as its message shows it: the lead finding and what it explains."""
 
@@ -83,6 +147,8 @@ class IncidentView(_Payload):
     cause_cleared_at: float | None = None
     #: Resolved while these symptoms (identities) were still there: their recovery is told after.
     lagging: list[str] = Field(default_factory=list)
+    #: The load now against the capacity on record for its service, when one is on record.
+    capacity: CapacityReading | None = None
 
     @property
     def findings(self) -> list[Finding]:

@@ -175,6 +175,10 @@ class ProbeSpec(_Strict):
     seed: int | None = None
     #: A ``grpc(s)://`` target's message types and channels; the body is the request as JSON.
     grpc: GrpcOptions | None = None
+    #: The service the target is served by (and its namespace), as incidents name it: a
+    #: ``diagnose capacity`` run of this file is recorded as that service's capacity.
+    service: str | None = None
+    namespace: str | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -166,6 +166,18 @@ def test_capacity_names_the_pool_with_its_size_and_rises_after_the_fix(demo: Dem
     assert (demo.out / "capacity-before-after.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_pool_incident_says_the_load_against_the_first_capacity_run(demo: DemoRun) -> None:
+    first = re.search(r"^capacity (?:at least )?([\d.]+) req/s at p99 <= 250 ms", demo.stdout, flags=re.MULTILINE)
+    assert first, demo.stdout
+    capacity = f"{float(first.group(1)):g} req/s"
+    said = re.search(r"^pool incident: feature-service (.*)$", demo.stdout, flags=re.MULTILINE)
+    assert said, demo.stdout[-3000:]
+    measured = r"measured \d{4}-\d\d-\d\d \d\d:\d\d UTC"
+    under = rf"at [\d.,]+ req/s now; capacity {capacity} at p99 <= 250 ms, {measured}; headroom \d+ %"
+    over = rf"over capacity: [\d.,]+ req/s now against {capacity} {measured} at p99 <= 250 ms \(\d+ % over\)"
+    assert re.fullmatch(f"{under}|{over}", said.group(1)), said.group(1)
+
+
 def _channel(stdout: str) -> str:
     """The last screen: the channel as the on-call engineer sees it."""
     start = stdout.index("The #oncall channel, as the on-call engineer sees it")

@@ -37,6 +37,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from diagnoser.config.sections import http_url
 from diagnoser.errors import PagerDutySendError
 from diagnoser.models import Severity
+from diagnoser.notify.incident_render import capacity_line
 from diagnoser.notify.outbound import GuardedPoster
 from diagnoser.notify.outbox import NotificationKind, OutboxEntry
 from diagnoser.notify.payloads import IncidentPayload
@@ -149,6 +150,11 @@ def render_event(entry: OutboxEntry) -> PagerDutyEvent | None:
     }
     if entry.kind is NotificationKind.reopened:
         details["reopened"] = view.reopened
+    load = capacity_line(view)
+    if load is not None:
+        details["capacity"] = load
+        if view.capacity is not None and view.capacity.over:  # said first, as in the other receivers
+            summary = f"{load}; {summary}"
     links = [{"href": lead.runbook_url, "text": "Runbook"}] if lead.runbook_url else []
     return PagerDutyEvent(
         "trigger",
