@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,25 +29,16 @@ from diagnoser.probe.caps import capacity_caps
 from diagnoser.probe.entry import run_event_loop
 from diagnoser.probe.running import InProcess
 from tests.conftest import load_heavy, run_cli_here
-from tests.probe.conftest import DelayServer, start_delay_server
+from tests.probe.conftest import DelayServer
+from tests.probe.conftest import delay_server as delay_server  # the fixture, shared
 
 pytestmark = [pytest.mark.integration, load_heavy]
 
 LIMIT_RPS = 100
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[DelayServer]:
-    server = start_delay_server()
-    try:
-        yield server
-    finally:
-        server.process.terminate()
-        server.process.wait(timeout=5)
-
-
-def test_a_step_above_a_serial_servers_rate_is_an_unsustainable_backlog(server: DelayServer) -> None:
-    spec, _ = build_spec(server.url + "/serial?ms=10", rate=1, duration_s=3)
+def test_a_step_above_a_serial_servers_rate_is_an_unsustainable_backlog(delay_server: DelayServer) -> None:
+    spec, _ = build_spec(delay_server.url + "/serial?ms=10", rate=1, duration_s=3)
     # A generous SLO: the step below the limit must hold on a busy host too (the verdict above it
     # is its backlog, whatever its p99).
     plan = StepPlan(spec=spec, explicit_target=True, step_s=3, min_step_s=3, slo_p99_ms=1000, max_error_ratio=0.01)
@@ -64,14 +54,14 @@ def test_a_step_above_a_serial_servers_rate_is_an_unsustainable_backlog(server: 
     assert not any("fell behind its schedule" in note for note in report.notes)
 
 
-def test_a_rate_limiter_reads_as_the_server_shedding_load_at_its_rate(server: DelayServer, tmp_path: Path) -> None:
+def test_a_rate_limiter_reads_as_the_server_shedding_load_at_its_rate(delay_server: DelayServer, tmp_path: Path) -> None:
     # Half the requests at 200 req/s are refused: the probe's own abort rule (at 50 % by default)
     # would cut the step at a random instant; the step's own verdict stops it at 3 s instead.
     config = tmp_path / "diagnoser.yaml"
     config.write_text("probe:\n  abort_error_ratio: 1.0\n", encoding="utf-8")
     # A generous SLO and error ratio: the step at half the limit holds on a busy host too (a stall
     # of the sender sends a burst, of which the bucket may refuse a few).
-    result = run_cli_here("capacity", f"{server.url}/limited?rps={LIMIT_RPS}", "--slo-p99-ms", "1000",
+    result = run_cli_here("capacity", f"{delay_server.url}/limited?rps={LIMIT_RPS}", "--slo-p99-ms", "1000",
                           "--slo-error-ratio", "0.05", "--steps", "50,200", "--step-s", "3", "--warmup-s", "0",
                           "--pause-s", "0.2", "--config", str(config), "--format", "json")  # fmt: skip
     report = json.loads(result.stdout)
@@ -86,8 +76,8 @@ def test_a_rate_limiter_reads_as_the_server_shedding_load_at_its_rate(server: De
     assert not any("fell behind its schedule" in note for note in report["notes"])
 
 
-def test_a_sender_whose_loop_falls_behind_is_an_unsustainable_schedule(server: DelayServer) -> None:
-    spec, _ = build_spec(server.url + "/delay?ms=1", rate=1, duration_s=3)
+def test_a_sender_whose_loop_falls_behind_is_an_unsustainable_schedule(delay_server: DelayServer) -> None:
+    spec, _ = build_spec(delay_server.url + "/delay?ms=1", rate=1, duration_s=3)
     plan = StepPlan(spec=spec, explicit_target=True, step_s=3, min_step_s=3, slo_p99_ms=5000, max_error_ratio=0.01)
 
     async def main() -> object:
