@@ -10,10 +10,10 @@ reply: ``p99 at 95 req/s: 2.4 s -> 140 ms, confirmed`` or ``not confirmed: p99 s
   ``daemon.probe_files`` file with ``service:`` (and ``namespace:``) first, else a
   ``capacity.schedule`` entry's ``service``, else the target of the service's capacity on record.
   A finding about no service, or a service without one, gets no probe.
-- **Which rate**: the service's request rate during the incident, read from Prometheus as the
-  capacity line reads it (:func:`~diagnoser.daemon.capacity_record.current_load`), the highest of
-  three instants from its opening to its clearing; else the load its message showed against its
-  capacity on record; else the probe file's own rate. Lowered to ``probe.max_rate`` when above
+- **Which rate**: the service's request rate when its cause was last seen (over the rules' window
+  before it cleared), read from Prometheus as the capacity line reads it
+  (:func:`~diagnoser.daemon.capacity_record.current_load`); else the load its message showed
+  against its capacity on record; else the probe file's own rate. Lowered to ``probe.max_rate`` when above
   it, and the line says so (``at 1,000 req/s (capped from 2,400 by probe.max_rate)``).
 - **Before**: the p99 of its ``latency_slo_breach`` finding as the message last showed it.
 - **The SLO**: ``slo.p99_ms`` and ``slo.error_ratio``.
@@ -274,27 +274,26 @@ class ConfirmProbes:
         self.host.wake_outbox()
 
     async def _rate(self, view: IncidentView, target: ConfirmTarget, own: float) -> tuple[float, str]:
-        """The service's request rate during the incident, and where it was read."""
+        """The service's request rate when its cause was last seen, and where it was read.
+
+        The window before the cause cleared holds the load the service was failing under most
+        recently; earlier in a long incident (or one reopened) the load may have been a load
+        test's steps or a spike that is not the load the fix must hold.
+        """
         sources = self.host.prometheus_sources
         if sources is not None:
             namespace, service = target.namespace or "", target.service
-            end = view.cause_cleared_at or (view.resolved_at or view.opened_at) - view.resolve_after_s
-            end = max(end, view.opened_at)
-            instants = sorted({view.opened_at, (view.opened_at + end) / 2, end})
-            rates: list[float] = []
-            for instant in instants:
-                at = datetime.fromtimestamp(instant, UTC)
-                loads = await current_load(sources, self.host.catalogue, window=self.host.window, at=at,
-                                           services=[service])  # fmt: skip
-                value = loads.get((namespace, service))
-                if value is None:  # scraped outside Kubernetes: its series name no namespace
-                    value = loads.get(("", service))
-                if value is None and not namespace:
-                    value = sum(v for (_, s), v in loads.items() if s == service) or None
-                if value is not None:
-                    rates.append(value)
-            if rates and max(rates) > 0:
-                return max(round(max(rates), 1), 0.1), "prometheus"
+            cleared = view.cause_cleared_at or (view.resolved_at or view.opened_at) - view.resolve_after_s
+            at = datetime.fromtimestamp(max(cleared, view.opened_at), UTC)
+            loads = await current_load(sources, self.host.catalogue, window=self.host.window, at=at,
+                                       services=[service])  # fmt: skip
+            value = loads.get((namespace, service))
+            if value is None:  # scraped outside Kubernetes: its series name no namespace
+                value = loads.get(("", service))
+            if value is None and not namespace:
+                value = sum(v for (_, s), v in loads.items() if s == service) or None
+            if value is not None and value > 0:
+                return max(round(value, 1), 0.1), "prometheus"
         if view.capacity is not None and view.capacity.rps_now:
             return max(round(view.capacity.rps_now, 1), 0.1), "the load its message showed"
         return own, "the probe's own rate"
