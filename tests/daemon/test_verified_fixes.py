@@ -29,15 +29,24 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from diagnoser.config import NotifySettings, SlackSettings
 from diagnoser.daemon import Daemon
 from diagnoser.daemon.capacity_record import CapacityRun
+from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.state import StateStore
+from diagnoser.notify.delivery import FanOut, OutboxDelivery
+from diagnoser.notify.payloads import IncidentPayload, NotificationKind
+from diagnoser.notify.receivers import build_receivers, receiver_configs, routes
+from diagnoser.probe.confirm import Confirmation
 from diagnoser.testing.processes import free_port
 from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import live_bed
 from tests.daemon.conftest import LivePrometheus, daemon_settings, wait_for
+from tests.daemon.test_incident_state import cause
 from tests.daemon.test_incidents import resolutions
+from tests.daemon.test_receivers import decide
 from tests.fixtures.background_http import BackgroundHTTPServer
+from tests.fixtures.pagerduty_server import ROUTING_KEY, PagerDutyFixtureServer
 from tests.fixtures.slack_server import PostedMessage, SlackFixtureServer
 from tests.probe.conftest import DelayServer
 from tests.probe.conftest import delay_server as delay_server  # the fixture, shared
@@ -215,3 +224,52 @@ async def test_a_resolved_incident_is_confirmed_or_not_in_its_thread_and_a_refus
         await daemon.stop()
         refused_server.stop()
     assert CountingHandler.paths == []
+
+
+async def test_the_verdict_is_a_thread_reply_in_slack_a_message_of_its_own_to_a_webhook_and_nothing_to_pagerduty(
+    tmp_path: Path, slack: SlackFixtureServer
+) -> None:
+    """Each receiver's renderer takes the ``verified`` entry as its kind of service can show it."""
+    pagerduty = PagerDutyFixtureServer().start()
+    limits = {"allowed_addresses": ["127.0.0.1"], "messages_per_s": 50, "message_burst": 50}
+    settings = NotifySettings.model_validate({"receivers": [
+        {"name": "oncall", "type": "slack", "token": slack.token, "channel": "#oncall", "base_url": slack.api_url,
+         **limits},
+        {"name": "bridge", "type": "webhook", "url": slack.webhook_url, **limits},
+        {"name": "pager", "type": "pagerduty", "routing_key": ROUTING_KEY, "events_url": pagerduty.events_url,
+         **limits},
+    ]})  # fmt: skip
+    configs = receiver_configs(settings, slack=SlackSettings(), webhook_url=None)
+    store = StateStore(tmp_path / "state.sqlite3", routes=routes(configs))
+    fan_out = FanOut([OutboxDelivery(store.outbox_for(r.name), r, DaemonMetrics()) for r in build_receivers(configs)])
+    try:
+        decide(store, cause(), now=1000)
+        await fan_out.flush()
+        decide(store, now=1100)
+        (resolved, *_) = [e for e in store.pending() if e.kind is NotificationKind.resolved]
+        await fan_out.flush()
+        assert isinstance(resolved.payload, IncidentPayload) and resolved.incident_id is not None
+        found = Confirmation(
+            target="http://checkout.shop.svc:8080/v1/quote", rate=95.0, requested_rate=95.0, duration_s=10.0,
+            sent=950, finished=950, achieved_rate=95.0, p99_ms=140.0, error_ratio=0.0, slo_p99_ms=300.0,
+            slo_error_ratio=0.01, before_p99_ms=2400.0, confirmed=True,
+        )  # fmt: skip
+        payload = IncidentPayload(view=resolved.payload.view, note=found.text(), confirmation=found)
+        store.enqueue(NotificationKind.verified, payload, resolved.payload.view.lead.identity,
+                      incident_id=resolved.incident_id)  # fmt: skip
+        before = (len(slack.messages), len(pagerduty.events))
+        await fan_out.flush()
+        assert store.pending() == []
+        said = slack.messages[before[0]:]
+        line = "p99 at 95 req/s: 2.4 s -> 140 ms, confirmed"
+        (api,) = [m for m in said if m.via == "api"]
+        first = next(m for m in slack.messages if m.via == "api")
+        assert api.thread_ts == first.ts and html.unescape(api.text).startswith(line)
+        assert "confirm probe of http://checkout.shop.svc:8080/v1/quote: 950 requests over 10 s" in _said(api)
+        (hook,) = [m for m in said if m.via == "webhook"]
+        assert hook.thread_ts is None and html.unescape(hook.text).startswith(line)
+        assert not [m for m in said if m.via == "update"]  # a reply only: no receiver edits its message
+        assert len(pagerduty.events) == before[1]
+    finally:
+        store.close()
+        pagerduty.stop()
