@@ -174,8 +174,6 @@ class ConfirmProbes:
         self._one = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._scheduled: set[int] = set()
-        #: Each confirm probe's verdict, by incident (for ``/metrics`` and tests: the newest few).
-        self.done: dict[int, Confirmation] = {}
 
     def resolved(self, entries: Iterable[OutboxEntry]) -> None:
         """Schedule a confirm probe for each incident ``entries`` resolve (one per incident,
@@ -252,9 +250,6 @@ class ConfirmProbes:
             return
         outcome = "confirmed" if found.confirmed else "not_confirmed"
         host.metrics.confirm_probes.labels(outcome).inc()
-        self.done[incident_id] = found
-        for old in sorted(self.done)[:-50]:
-            del self.done[old]
         log.info("confirm probe done: %s", found.text(),
                  extra={**extra, "outcome": outcome, "rate": found.rate, "rate_from": read_from,
                         "p99_ms": found.p99_ms})  # fmt: skip
