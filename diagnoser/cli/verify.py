@@ -11,8 +11,9 @@ It is the daemon's confirm probe, run once by hand (:mod:`diagnoser.probe.confir
 ``diagnose probe`` is: a rate or a duration over ``probe.max_rate`` / ``probe.max_duration_s``
 is refused, a probe file's host must be in ``probe.allowed_hosts``, the address rule applies. It
 prints one line, ``p99 at 95 req/s: 2.4 s -> 140 ms, confirmed`` (the before from
-``--before-p99-ms``) or ``not confirmed: p99 still 1.9 s at 95 req/s (SLO 300 ms)``. Exit codes:
-0 confirmed, 1 not confirmed, 2 usage, configuration or safety refusal, 130 interrupted.
+``--before-p99-ms``) or ``not confirmed: p99 still 1.9 s at 95 req/s (SLO 300 ms; 2.4 s
+before)``. Exit codes: 0 confirmed, 1 not confirmed, 2 usage, configuration or safety refusal,
+130 interrupted.
 """
 
 from __future__ import annotations

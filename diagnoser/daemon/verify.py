@@ -3,7 +3,7 @@
 With ``verify.enabled`` (off by default), each incident the leader resolves whose service has a
 probe target gets one bounded confirm probe (:mod:`diagnoser.probe.confirm`), and its thread a
 reply: ``p99 at 95 req/s: 2.4 s -> 140 ms, confirmed`` or ``not confirmed: p99 still 1.9 s at
-95 req/s (SLO 300 ms)``.
+95 req/s (SLO 300 ms; 2.4 s before)``.
 
 - **Which target**: the one that measures the incident's service, as capacity on record maps
   them (:mod:`~diagnoser.daemon.capacity_record`), said and never guessed from a URL: a

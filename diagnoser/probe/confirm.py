@@ -78,7 +78,8 @@ class Confirmation(BaseModel):
 
         ``p99 at 95 req/s: 2.4 s -> 140 ms, confirmed``; without a before, ``p99 at 95 req/s:
         140 ms, confirmed (SLO 300 ms)``; ``not confirmed: p99 still 1.9 s at 95 req/s (SLO
-        300 ms)``; ``not confirmed: 12 % of requests failed at 95 req/s (SLO 1 %)``.
+        300 ms; 2.4 s before)``; ``not confirmed: 12 % of requests failed at 95 req/s (SLO 1 %);
+        p99 140 ms, 2.4 s before``.
         """
         slo = f"SLO {_ms(self.slo_p99_ms)}"
         at = self.rate_text()
@@ -87,15 +88,19 @@ class Confirmation(BaseModel):
             if self.before_p99_ms is not None:
                 return f"p99 at {at}: {_ms(self.before_p99_ms)} -> {_ms(self.p99_ms)}, confirmed"
             return f"p99 at {at}: {_ms(self.p99_ms)}, confirmed ({slo})"
+        before = f"{_ms(self.before_p99_ms)} before" if self.before_p99_ms is not None else ""
         if self.failed_on == "latency":
             assert self.p99_ms is not None
-            still = "still " if self.before_p99_ms is not None else ""
-            return f"not confirmed: p99 {still}{_ms(self.p99_ms)} at {at} ({slo})"
+            if before:
+                return f"not confirmed: p99 still {_ms(self.p99_ms)} at {at} ({slo}; {before})"
+            return f"not confirmed: p99 {_ms(self.p99_ms)} at {at} ({slo})"
         if self.failed_on == "errors":
             share = format_measure(self.error_ratio, "ratio")
+            p99 = "" if self.p99_ms is None else f"; p99 {_ms(self.p99_ms)}"
+            p99 += f", {before}" if p99 and before else ""
             return (
                 f"not confirmed: {share} of requests failed at {at}"
-                f" (SLO {format_measure(self.slo_error_ratio, 'ratio')})"
+                f" (SLO {format_measure(self.slo_error_ratio, 'ratio')}){p99}"
             )
         if self.failed_on == "aborted":
             why = f" ({self.abort_reason})" if self.abort_reason else ""

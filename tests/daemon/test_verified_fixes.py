@@ -204,7 +204,7 @@ async def test_a_resolved_incident_is_confirmed_or_not_in_its_thread_and_a_refus
         assert f"confirm probe of {delay_server.url}/delay?ms=1: 30 requests over" in _said(fast)
         (slow,) = verdict("fix-slow")
         assert re.fullmatch(
-            r"not confirmed: p99 still [\d.]+ s at (9\.\d|10(\.\d)?) req/s \(SLO 1 s\)",
+            r"not confirmed: p99 still [\d.]+ s at (9\.\d|10(\.\d)?) req/s \(SLO 1 s; 2\.4 s before\)",
             html.unescape(slow.text).split(": RESOLVED")[0],
         ), slow.text
         # The verdict is a reply: the resolved message itself is not edited again.

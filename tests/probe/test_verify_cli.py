@@ -55,7 +55,7 @@ def test_a_slow_target_is_not_confirmed_and_exits_1(server: DelayServer) -> None
     )  # fmt: skip
     assert result.code == 1, result.stdout + result.stderr
     line = result.stdout.splitlines()[0]
-    assert line.startswith("not confirmed: p99 still ") and line.endswith(" at 10 req/s (SLO 100 ms)"), line
+    assert line.startswith("not confirmed: p99 still ") and line.endswith(" at 10 req/s (SLO 100 ms; 1.9 s before)"), line
     assert "10 requests over" in result.stdout
 
 
