@@ -46,6 +46,7 @@ from diagnoser.config.sections import (
     Silence,
     SlackSettings,
     SloSettings,
+    VerifySettings,
     parse_listen_address,
 )
 from diagnoser.config.settings import Settings, check_paths, load_settings
@@ -76,6 +77,7 @@ __all__ = [
     "Silence",
     "SlackSettings",
     "SloSettings",
+    "VerifySettings",
     "check_paths",
     "duration_seconds",
     "load_settings",

@@ -148,6 +148,19 @@ class CapacitySettings(_Section):
     schedule: list[ScheduledCapacityRun] = Field(default_factory=list)
 
 
+class VerifySettings(_Section):
+    """The daemon's confirm probe: when an incident resolves, is its service healthy again at the
+    load it failed under? Off by default: it adds the incident's request rate (within
+    ``probe.max_rate``) on top of the service's own traffic just after it recovered."""
+
+    enabled: bool = False
+    #: Seconds the confirm probe runs (at most ``probe.max_duration_s``).
+    duration_s: float = Field(default=10.0, gt=0, le=PROBE_MAX_DURATION_CEILING_S)
+    #: Seconds to wait after the resolution before probing (the resolution already waited
+    #: ``daemon.resolve_after_s`` with the cause clear).
+    delay_s: float = Field(default=0.0, ge=0, le=3600)
+
+
 class SlackSettings(_Section):
     webhook_url: SecretStr | None = None
     token: SecretStr | None = None

@@ -29,6 +29,7 @@ from diagnoser.config.sections import (
     Silence,
     SlackSettings,
     SloSettings,
+    VerifySettings,
 )
 from diagnoser.errors import ConfigError
 from diagnoser.promql import duration_seconds, is_duration
@@ -52,6 +53,8 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
+    #: The daemon's confirm probe when an incident resolves (``diagnose verify`` run by the daemon).
+    verify: VerifySettings = Field(default_factory=VerifySettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     #: Receivers of the daemon's notifications and the delivery's knobs.

@@ -68,6 +68,10 @@ class JobHost(Protocol):
 
     async def capacity_book(self, diagnosis: Diagnosis) -> CapacityBook | None: ...
 
+    def resolved(self, queued: list[OutboxEntry]) -> None:
+        """What a diagnosis queued, for the incidents it resolved (their confirm probes)."""
+        ...
+
     def wake_outbox(self) -> None: ...
 
 
@@ -119,6 +123,7 @@ class DiagnoseJob:
         )
         if queued:
             host.wake_outbox()
+            host.resolved(queued)
         return diagnosis
 
     async def _readings(self, state: StateStore, diagnosis: Diagnosis) -> dict[str, list[Evidence]]:

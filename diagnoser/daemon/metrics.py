@@ -129,6 +129,12 @@ class DaemonMetrics:
         self.probe_runs = Counter(
             "diagnoser_probe_runs", "Probe runs, by probe and outcome.", ["probe", "outcome"], registry=r
         )
+        self.confirm_probes = Counter(
+            "diagnoser_confirm_probes",
+            "Confirm probes after a resolution, by outcome (confirmed, not_confirmed, refused, failed).",
+            ["outcome"],
+            registry=r,
+        )
         self.probe_p99 = Gauge(
             "diagnoser_probe_last_p99_seconds",
             "p99 latency of the last run of each probe.",

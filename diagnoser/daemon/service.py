@@ -43,12 +43,13 @@ from diagnoser.daemon.metrics import DaemonMetrics
 from diagnoser.daemon.readings import current_readings
 from diagnoser.daemon.schedule import GuardedRun, JobSchedule
 from diagnoser.daemon.state import StateStore
+from diagnoser.daemon.verify import ConfirmProbes
 from diagnoser.engine.config import DiagnosisConfig
 from diagnoser.engine.run import BuiltSources, build_sources, load_ruleset, run_diagnosis
 from diagnoser.errors import ConfigError
 from diagnoser.models import Diagnosis, Evidence, Finding
 from diagnoser.notify.delivery import FanOut, OutboxDelivery
-from diagnoser.notify.outbox import render_entry
+from diagnoser.notify.outbox import OutboxEntry, render_entry
 from diagnoser.notify.receivers import (
     ReceiverConfig,
     build_receivers,
@@ -59,6 +60,8 @@ from diagnoser.notify.receivers import (
 )
 from diagnoser.notify.sender import Receiver, Sender
 from diagnoser.ruleset import RuleSet
+from diagnoser.signals import Catalogue
+from diagnoser.sources.base import Sources
 from diagnoser.sources.kubernetes.credentials import Credentials, load_credentials
 
 __all__ = ["Daemon", "run_daemon"]
@@ -108,6 +111,8 @@ class Daemon:
         self.outbox: OutboxJob | None = None
         #: ``capacity.schedule``'s jobs, once started.
         self.capacity_jobs: list[CapacityScheduleJob] = []
+        #: The confirm probes of resolved incidents (``verify.*``).
+        self.confirms = ConfirmProbes(self)
         self._stopping = False
 
     @property
@@ -283,6 +288,23 @@ class Daemon:
     async def diagnose_job(self) -> Diagnosis:
         """One scheduled diagnosis: evaluate, update state, queue and deliver notifications."""
         return await self.diagnoses()
+
+    def resolved(self, queued: list[OutboxEntry]) -> None:
+        """A diagnosis queued these: the incidents it resolved get their confirm probe."""
+        self.confirms.resolved(queued)
+
+    @property
+    def prometheus_sources(self) -> Sources | None:
+        """The sources the diagnoses read (the confirm probe reads the services' load from them)."""
+        return self.sources.sources if self.sources is not None else None
+
+    @property
+    def catalogue(self) -> Catalogue:
+        return self.diagnosis_config.rules.catalogue
+
+    @property
+    def window(self) -> str:
+        return self.diagnosis_config.window
 
     def wake_outbox(self) -> None:
         """Have the outbox job run now, without waiting for it (a diagnosis never waits for Slack)."""

@@ -412,7 +412,8 @@ class OutboxDelivery:
             return _Plan(None, None, receiver.render(entry), thread if in_digest else None)
         if kind is NotificationKind.alert_report:
             return _Plan(None, None, receiver.render(entry), thread)
-        edit_ts = incident.message_ts if caps.update else None
+        # A confirm probe's verdict is a reply only: the message already says it resolved.
+        edit_ts = incident.message_ts if caps.update and kind is not NotificationKind.verified else None
         edited = receiver.render(entry) if edit_ts else None
         reply = receiver.render_reply(entry)
         if reply is not None and not caps.threads and kind.value not in caps.without_threads:

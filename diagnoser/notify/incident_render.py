@@ -187,6 +187,8 @@ def render_incident_reply(kind: str, payload: IncidentPayload, *, at: datetime) 
     """A reply in the incident's thread: what changed (resolved, reopened, severity, cause, reminder)."""
     view, lead = payload.view, payload.view.lead
     note = payload.note or kind
+    if kind == "verified" and payload.confirmation is not None:
+        return _confirmation_reply(payload, at=at)
     if kind == "resolved":
         line = f":white_check_mark: *Resolved*: {escape(lead.cause)}: {escape(lead.title)}"
         body = f"{line}\n_was:_ {escape(lead.summary)}\n_clear for {duration_text(view.resolve_after_s)}_"
@@ -200,6 +202,24 @@ def render_incident_reply(kind: str, payload: IncidentPayload, *, at: datetime) 
             body += "\n" + "\n".join(_earlier_now_lines(view))
         text = f"{note}: {incident_header(view)}"
     context = {"type": "context", "elements": [{"type": "mrkdwn", "text": timestamp(at)}]}
+    return SlackMessage(clip(text, SECTION_MAX), [section_block(body), context])
+
+
+def _confirmation_reply(payload: IncidentPayload, *, at: datetime) -> SlackMessage:
+    """The confirm probe's verdict in the thread: the line, then what was sent and judged."""
+    found = payload.confirmation
+    assert found is not None
+    line = payload.note or found.text()
+    mark = ":white_check_mark:" if found.confirmed else ":warning:"
+    errors = format_number(found.error_ratio * 100)
+    detail = (
+        f"_confirm probe of {found.target}: {found.sent} requests over {format_number(found.duration_s)} s,"
+        f" errors {errors} %; SLO p99 {format_number(found.slo_p99_ms)} ms,"
+        f" errors {format_number(found.slo_error_ratio * 100)} %_"
+    )
+    body = f"{mark} *{escape(line)}*\n{escape(detail)}"
+    context = {"type": "context", "elements": [{"type": "mrkdwn", "text": timestamp(at)}]}
+    text = f"{line}: {incident_header(payload.view)}"
     return SlackMessage(clip(text, SECTION_MAX), [section_block(body), context])
 
 

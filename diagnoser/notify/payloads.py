@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diagnoser.models import Diagnosis, Evidence, Finding, Severity
 from diagnoser.numbers import format_number
+from diagnoser.probe.confirm import Confirmation
 
 __all__ = [
     "AlertReportPayload",
@@ -56,6 +57,9 @@ class NotificationKind(StrEnum):
     digest = "digest"
     #: A diagnosis requested by an Alertmanager alert (in its incident's thread when it has one).
     alert_report = "alert_report"
+    #: The confirm probe after a resolution: a reply in its thread ("p99 at 95 req/s: 2.4 s ->
+    #: 140 ms, confirmed"); the message itself is not edited.
+    verified = "verified"
 
 
 class _Payload(BaseModel):
@@ -171,7 +175,7 @@ class IncidentView(_Payload):
 
 
 class IncidentPayload(_Payload):
-    """new, update, repeat, severity_changed, cause_changed, resolved, reopened."""
+    """new, update, repeat, severity_changed, cause_changed, resolved, reopened, verified."""
 
     view: IncidentView
     #: What changed, for the thread reply (``None``: edit only).
@@ -183,6 +187,8 @@ class IncidentPayload(_Payload):
     merged_into: int | None = None
     #: That incident's message, as a link (the receiver's permalink, filled in at delivery).
     joined_url: str | None = None
+    #: ``verified``: what the confirm probe measured (``note`` is its line).
+    confirmation: Confirmation | None = None
 
 
 class DigestRow(_Payload):

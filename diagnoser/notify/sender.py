@@ -62,8 +62,9 @@ class Capabilities:
     update: bool = False
     #: A post whose answer never came can be looked for (exactly-once delivery).
     read_back: bool = False
-    #: Changes said (as a new message) even without threads: by default only the resolution.
-    without_threads: frozenset[str] = frozenset({"resolved"})
+    #: Changes said (as a new message) even without threads: by default the resolution and the
+    #: confirm probe's verdict after it.
+    without_threads: frozenset[str] = frozenset({"resolved", "verified"})
 
 
 class Sender(Protocol[M_contra]):

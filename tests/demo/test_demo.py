@@ -201,6 +201,16 @@ def test_slack_gets_the_pool_incident_then_its_resolution_in_its_thread(demo: De
     assert any(demo.stdout.index(b) > restart for b in resolved), resolved
 
 
+def test_the_fix_is_confirmed_in_its_thread_with_the_p99_before_and_after(demo: DemoRun) -> None:
+    # The daemon's confirm probe at the incident's load, after the restart's resolution; the last
+    # screen says it again.
+    found = re.search(r"^confirm probe after the fix: (p99 at .+ -> .+, confirmed|not confirmed: .+ before\)?)$",
+                      demo.stdout, re.M)  # fmt: skip
+    assert found, demo.stdout[-3000:]
+    boxes = [b for b in _slack_boxes(demo.stdout) if "reply in thread" in b and "confirm probe of" in _text(b)]
+    assert boxes, demo.stdout[-3000:]
+
+
 def test_one_top_level_message_per_incident_and_the_channel_last(demo: DemoRun) -> None:
     counts = re.search(r"slack: (\d+) top-level messages, (\d+) thread replies, (\d+) edits in place", demo.stdout)
     assert counts, demo.stdout[-2000:]

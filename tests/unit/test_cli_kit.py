@@ -15,7 +15,7 @@ COMMANDS = sorted(path for path in CLI.glob("*.py") if path.name not in {"__init
 
 
 def test_every_command_is_a_module_of_the_cli_package() -> None:
-    assert [path.stem for path in COMMANDS] == ["capacity", "now", "probe", "rules", "serve", "signals", "worker"]
+    assert [path.stem for path in COMMANDS] == ["capacity", "now", "probe", "rules", "serve", "signals", "verify", "worker"]
     assert not (CLI.parent / "probe" / "cli.py").exists()
 
 
