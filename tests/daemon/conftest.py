@@ -14,7 +14,8 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server  # noqa: E402
+from prometheus_client.registry import Collector  # noqa: E402
 
 from diagnoser.config import Settings, load_settings  # noqa: E402
 from diagnoser.testing.processes import free_port  # noqa: E402
@@ -257,3 +259,38 @@ async def wait_for(condition: Callable[[], bool | Awaitable[bool]], within: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within:g}s waiting for {what or condition}")
         await asyncio.sleep(0.05)
+
+
+@contextmanager
+def scraped_services(
+    collectors: Mapping[str, Collector], rates: Mapping[str, float], window: str
+) -> Iterator[LivePrometheus]:
+    """Each collector served on 127.0.0.1 and scraped every second as a job of its own name (its
+    ``service`` in the catalogue's terms), by a Prometheus that is ready once every job's request
+    rate over ``window`` reads as ``rates`` says (whole scrapes of each series in it)."""
+    servers = []
+    jobs: dict[str, list[str]] = {}
+    for name, collector in collectors.items():
+        registry = CollectorRegistry()
+        registry.register(collector)
+        port = free_port()
+        servers.append(start_http_server(port, addr="127.0.0.1", registry=registry))
+        jobs[name] = [f"127.0.0.1:{port}"]
+    try:
+        with LocalPrometheus(scrape_jobs=jobs, scrape_interval="1s") as prom:
+            live = LivePrometheus(prom.url, 0)
+            query = f"sum by (job) (rate(http_server_request_duration_seconds_count[{window}]))"
+            deadline = time.monotonic() + 30
+            while True:
+                read = {r["metric"]["job"]: float(r["value"][1]) for r in live.query(query)}
+                if all(abs(read.get(s, 0.0) - rate) < 0.5 for s, rate in rates.items()):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the request rates never read as set: {read}; {prom.log_tail()}")
+                time.sleep(0.25)
+            yield live
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -37,10 +36,8 @@ from diagnoser.config.sections import ScheduledCapacityRun
 from diagnoser.daemon import Daemon
 from diagnoser.daemon.capacity_record import CapacityRun
 from diagnoser.daemon.state import StateStore
-from diagnoser.testing.processes import free_port
-from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import run_cli
-from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, wait_for
+from tests.daemon.conftest import LivePrometheus, PoolApp, daemon_settings, scraped_services, wait_for
 from tests.daemon.test_incidents import header
 from tests.fixtures.background_http import BackgroundHTTPServer
 from tests.fixtures.slack_server import SlackFixtureServer
@@ -92,33 +89,9 @@ class Shop:
 
 @pytest.fixture(scope="module")
 def shop() -> Iterator[Shop]:
-    servers = []
-    jobs: dict[str, list[str]] = {}
-    for service, rate in RATES.items():
-        registry = CollectorRegistry()
-        registry.register(ShopService(service, rate))
-        port = free_port()
-        servers.append(start_http_server(port, addr="127.0.0.1", registry=registry))
-        jobs[service] = [f"127.0.0.1:{port}"]
-    try:
-        with LocalPrometheus(scrape_jobs=jobs, scrape_interval="1s") as prom:
-            live = LivePrometheus(prom.url, 0)
-            # Ready once every rate over the window reads as set (whole scrapes of each series in it).
-            query = f"sum by (job) (rate(http_server_request_duration_seconds_count[{WINDOW}]))"
-            deadline = time.monotonic() + 30
-            while True:
-                rates = {r["metric"]["job"]: float(r["value"][1]) for r in live.query(query)}
-                if all(abs(rates.get(s, 0.0) - rate) < 0.5 for s, rate in RATES.items()):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the request rates never read as set: {rates}; {prom.log_tail()}")
-                time.sleep(0.25)
-            yield Shop(live)
-    finally:
-        for server, thread in servers:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
+    collectors = {service: ShopService(service, rate) for service, rate in RATES.items()}
+    with scraped_services(collectors, RATES, WINDOW) as live:
+        yield Shop(live)
 
 
 def section_text(body: dict[str, Any]) -> str:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,10 +37,8 @@ from diagnoser.notify.delivery import FanOut, OutboxDelivery
 from diagnoser.notify.payloads import IncidentPayload, NotificationKind
 from diagnoser.notify.receivers import build_receivers, receiver_configs, routes
 from diagnoser.probe.confirm import Confirmation
-from diagnoser.testing.processes import free_port
-from diagnoser.testing.prometheus import LocalPrometheus
 from tests.conftest import live_bed
-from tests.daemon.conftest import LivePrometheus, daemon_settings, wait_for
+from tests.daemon.conftest import LivePrometheus, daemon_settings, scraped_services, wait_for
 from tests.daemon.test_incident_state import cause
 from tests.daemon.test_incidents import resolutions
 from tests.daemon.test_receivers import decide
@@ -93,32 +90,9 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
-    servers, jobs, services = [], {}, {}
-    for name, rate in RATES.items():
-        registry = CollectorRegistry()
-        services[name] = SickService(name, rate)
-        registry.register(services[name])
-        port = free_port()
-        servers.append(start_http_server(port, addr="127.0.0.1", registry=registry))
-        jobs[name] = [f"127.0.0.1:{port}"]
-    try:
-        with LocalPrometheus(scrape_jobs=jobs, scrape_interval="1s") as prom:
-            live = LivePrometheus(prom.url, 0)
-            query = f"sum by (job) (rate(http_server_request_duration_seconds_count[{WINDOW}]))"
-            deadline = time.monotonic() + 30
-            while True:  # ready once every rate over the window reads as set
-                rates = {r["metric"]["job"]: float(r["value"][1]) for r in live.query(query)}
-                if all(abs(rates.get(s, 0.0) - rate) < 0.5 for s, rate in RATES.items()):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the request rates never read as set: {rates}; {prom.log_tail()}")
-                time.sleep(0.25)
-            yield Bed(live, services)
-    finally:
-        for server, thread in servers:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
+    services = {name: SickService(name, rate) for name, rate in RATES.items()}
+    with scraped_services(services, RATES, WINDOW) as live:
+        yield Bed(live, services)
 
 
 class CountingHandler(BaseHTTPRequestHandler):
