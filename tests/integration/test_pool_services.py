@@ -100,6 +100,10 @@ def test_redis_py_service_runs_out_of_its_blocking_pool() -> None:
         ) as url,
     ):
         usage, statuses = _exhaust(url, "/features", 16, "db_client_connection_count", 10)
-    assert usage == {"used": 10.0, "idle": 0.0}
+    # redis-py 8.2 counts connections per state with an up-down counter: a state's series appears
+    # once a connection first enters it, so a pool filled from cold has no idle series yet (8.1
+    # exposed idle 0). Either way no connection is idle.
+    assert usage.get("used") == 10.0
+    assert usage.get("idle", 0.0) == 0.0
     assert statuses[200] + statuses[503] == 16
     assert statuses[503] >= 4
