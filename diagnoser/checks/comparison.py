@@ -7,7 +7,9 @@ import operator
 from collections.abc import Callable
 from typing import Literal
 
-__all__ = ["Comparison", "compare"]
+from diagnoser.promql import format_number
+
+__all__ = ["Comparison", "compare", "filtered", "unfiltered"]
 
 #: How a measured value is compared with its threshold in a rule.
 Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
@@ -27,3 +29,27 @@ def compare(value: float, op: Comparison, threshold: float) -> bool:
     if math.isnan(value):
         return False
     return _OPERATORS[op](value, threshold)
+
+
+def filtered(query: str, op: Comparison | None, threshold: float | None) -> str:
+    """``query`` with its comparison applied by the server, ``(query) > 0.95``: only the rows that
+    may hold come back. At a million series most rows of a condition hold nowhere (every service's
+    p99, one in twenty over its SLO); sent whole, they are what both the server and diagnoser
+    spend their time encoding and decoding. The check still compares each row (:func:`compare`:
+    PromQL keeps a NaN under ``!=``). Without a comparison, or with a threshold PromQL cannot
+    write, the query is sent as it is."""
+    if op is None or threshold is None or not math.isfinite(threshold):
+        return query
+    return f"({query}) {op} {format_number(threshold)}"
+
+
+def unfiltered(sent: str, op: Comparison | None, threshold: float | None) -> str:
+    """What :func:`filtered` wrapped, from the query as it was sent (its histograms read as the
+    server holds them): what evidence shows, and what is asked again to read a cause's value once
+    it no longer holds (``daemon.readings``)."""
+    if op is None or threshold is None or filtered("", op, threshold) == "":
+        return sent
+    suffix = f") {op} {format_number(threshold)}"
+    if sent.startswith("(") and sent.endswith(suffix):
+        return sent[1 : -len(suffix)]
+    return sent

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from diagnoser.checks.comparison import Comparison, compare
+from diagnoser.checks.comparison import Comparison, compare, filtered, unfiltered
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.models import Evidence, SourceError
 from diagnoser.promql import duration_seconds, is_duration, is_selector
@@ -99,10 +99,19 @@ def _prometheus(ctx: CheckContext) -> PrometheusSource:
 @check_kind("promql", params=PromqlParams, reads={SOURCE}, queries=lambda p, _: [("", p.query)])
 async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
     source = _prometheus(ctx)
-    samples = await source.query(params.query, ctx.at, params.timeout_s)
+    # Only the rows that may hold travel back; a query PromQL cannot compare so (a scalar) is
+    # asked as written.
+    written = ctx.narrow(params.query)
+    query = filtered(written, params.op, params.threshold)
+    samples = await source.query(query, ctx.at, params.timeout_s)
+    if isinstance(samples, SourceError) and query != written:
+        query = written
+        samples = await source.query(query, ctx.at, params.timeout_s)
     if isinstance(samples, SourceError):
         return samples
-    query = source.prepare(params.query, ctx.at)
+    query = source.prepare(query, ctx.at)
+    if query != written:
+        query = unfiltered(query, params.op, params.threshold)
     evidence: list[Evidence] = []
     for sample in samples:
         if params.op is None or params.threshold is None:
@@ -167,8 +176,10 @@ def trend_queries(params: TrendParams, catalogue: Catalogue) -> list[tuple[str, 
 @check_kind("trend", params=TrendParams, reads={SOURCE}, queries=trend_queries)
 async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
     source = _prometheus(ctx)
-    projection = trend_query(params)
+    projection = ctx.narrow(trend_query(params))
     if params.limit is None:
+        # Compared in Prometheus too, so only the series that may hold travel back.
+        projection = filtered(projection, params.op, params.threshold)
         samples = await source.query(projection, ctx.at, params.timeout_s)
         if isinstance(samples, SourceError):
             return samples
@@ -176,7 +187,7 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
         return [
             Evidence(
                 source=SOURCE,
-                query=source.prepare(projection, ctx.at),
+                query=unfiltered(source.prepare(projection, ctx.at), params.op, params.threshold),
                 labels=s.labels,
                 value=s.value,
                 threshold=params.threshold,
@@ -187,7 +198,7 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
     # Compare in Prometheus so only the series that reach their limit travel back, then fetch
     # those series' limits for the evidence.
     on = ", ".join(params.join_on)
-    limits = limit_query(params)
+    limits = ctx.narrow(limit_query(params))
     reaching = f"{projection} {params.op} on ({on}) group_left () ({limits})"
     hits = await source.query(reaching, ctx.at, params.timeout_s)
     if isinstance(hits, SourceError):

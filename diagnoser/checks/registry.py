@@ -33,15 +33,16 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel
 
 from diagnoser.config import Settings
-from diagnoser.errors import SourceNotConfigured
+from diagnoser.errors import PromqlSyntaxError, SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
+from diagnoser.promql import restrict
 from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.sources.base import SOURCE_NAMES, SourceName, Sources
 
@@ -75,6 +76,36 @@ class CheckContext:
     catalogue: Catalogue = field(default_factory=load_catalogue)
     #: ``window`` in the config, a PromQL duration.
     window: str = DEFAULT_WINDOW
+    #: The instant whose metric names and recognition decide which conventions and resources a
+    #: check reads (``None``: ``at``). An onset searched back from the diagnosis keeps the
+    #: diagnosis' own: the candidate it follows was found there, and the estate is not recognised
+    #: again at every instant the search tries.
+    recognised_at: datetime | None = None
+
+    #: ``(label, values)``: only rows carrying one of ``values`` in ``label`` (or none) are used, so
+    #: queries may read only those series (:meth:`narrow`). Set for a rule's further conditions
+    #: and evidence once its first condition named the candidates (``engine.evaluate.narrowed``).
+    narrowed_to: tuple[str, frozenset[str]] | None = None
+
+    def narrow(self, query: str) -> str:
+        """``query`` reading only the series :attr:`narrowed_to` keeps, where that changes none of
+        the answers kept (:func:`diagnoser.promql.restrict`); as written when unset or unreadable."""
+        if self.narrowed_to is None:
+            return query
+        label, values = self.narrowed_to
+        try:
+            return restrict(query, label, values)
+        except PromqlSyntaxError:
+            return query
+
+    @property
+    def names_at(self) -> datetime:
+        """The instant the metric names and recognition are read at (:attr:`recognised_at`)."""
+        return self.recognised_at or self.at
+
+    def earlier(self, instant: datetime) -> CheckContext:
+        """This context at ``instant``, reading the conventions and resources recognised at this one's."""
+        return replace(self, at=instant, recognised_at=self.names_at)
 
     def require(self, source: T | None, name: str) -> T:
         """Return ``source`` or raise :class:`SourceNotConfigured` so the rule is skipped."""

@@ -17,12 +17,11 @@ evidence names the convention, or ``inferred (...)`` with a caveat.
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagnoser.checks.comparison import Comparison, compare
+from diagnoser.checks.comparison import Comparison, compare, filtered, unfiltered
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.errors import NoDataFound
 from diagnoser.models import Evidence, SourceError
@@ -69,7 +68,7 @@ async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResu
     # server whose series went stale hours ago is still named by a live Prometheus, whose head
     # block answers names for the hours it holds.
     lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window))
-    recognised = await recognition(source, ctx.catalogue, ctx.at, lookback)
+    recognised = await recognition(source, ctx.catalogue, ctx.names_at, lookback)
     if isinstance(recognised, SourceError):
         return recognised
     wanted = [resource for resource in recognised.resources if _wanted(resource, params)]
@@ -78,12 +77,13 @@ async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResu
         raise NoDataFound(f"no resource with a limit ({' or '.join(params.kinds)}{roles})")
     # A measure some resources lack (refusals of a proxy that counts none) is no row for them.
     planned = [
-        (resource, query)
+        (resource, filtered(ctx.narrow(query), params.op, params.threshold))
         for resource in wanted
         for query in [resource_query(resource, params.measure, params.window, params.resolution, params.near)]
         if query is not None
     ]
-    answers = await asyncio.gather(*(source.query(query, ctx.at, params.timeout_s) for _, query in planned))
+    # One request for every resource (each has its own names and labels: a query apiece).
+    answers = await source.query_each([query for _, query in planned], ctx.at, params.timeout_s)
     rows: list[Evidence] = []
     for (resource, query), samples in zip(planned, answers, strict=True):
         if isinstance(samples, SourceError):
@@ -101,7 +101,7 @@ async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResu
             rows.append(
                 Evidence(
                     source=SOURCE,
-                    query=source.prepare(query, ctx.at),
+                    query=unfiltered(source.prepare(query, ctx.at), params.op, params.threshold),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,

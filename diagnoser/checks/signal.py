@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from diagnoser.checks.comparison import Comparison, compare
+from diagnoser.checks.comparison import Comparison, compare, filtered, unfiltered
 from diagnoser.checks.registry import CheckContext, CheckResult, check_kind
 from diagnoser.checks.top_buckets import BucketFamily, TopBuckets, capped_notes, top_buckets
 from diagnoser.models import Evidence, SourceError
@@ -166,12 +166,12 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     source: PrometheusSource = ctx.require(ctx.sources.prometheus, SOURCE)
     catalogue = ctx.catalogue
     lookback = max(MIN_NAMES_LOOKBACK_S, duration_seconds(ctx.window))
-    names = await source.metric_names(ctx.at, lookback)
+    names = await source.metric_names(ctx.names_at, lookback)
     if isinstance(names, SourceError):
         return names
-    present = await holdings(source, catalogue, names, ctx.at, lookback)
+    present = await holdings(source, catalogue, names, ctx.names_at, lookback)
     # The catalogue's conventions as the families' labels fit them (one query per instant, shared).
-    claimed = await claims(source, catalogue, ctx.at, lookback)
+    claimed = await claims(source, catalogue, ctx.names_at, lookback)
     fitting = catalogue if isinstance(claimed, SourceError) else claimed.catalogue(catalogue)
     # The catalogue's conventions are asked at once; families no convention claims may still be
     # recognised by their shape (signals.infer, once per instant), and their inferred conventions
@@ -188,7 +188,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
         if not isinstance(samples, SourceError)
         for sample in samples
     )
-    who = await identities(source, ctx.at) if pushed else {}
+    who = await identities(source, ctx.names_at) if pushed else {}
     rows: dict[tuple[tuple[str, str], ...], Evidence] = {}
     for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
@@ -204,7 +204,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                 key,
                 Evidence(
                     source=SOURCE,
-                    query=source.prepare(expansion.query, ctx.at),
+                    query=unfiltered(source.prepare(expansion.query, ctx.at), params.op, params.threshold),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,
@@ -255,7 +255,8 @@ async def _top_buckets(
             known = wanted.get(family.selector, replace(family, jobs=frozenset()))
             both = None if jobs is None or known.jobs is None else known.jobs | jobs
             wanted[family.selector] = replace(known, jobs=both)
-    return await top_buckets(source, list(wanted.values()), ctx.at)
+    # A family's bucket layout is its own, not the instant's: read where the names were.
+    return await top_buckets(source, list(wanted.values()), ctx.names_at)
 
 
 def expansions_of(params: SignalParams, catalogue: Catalogue, present: Holdings) -> Planned:
@@ -270,12 +271,22 @@ async def _ask(
     source: PrometheusSource, params: SignalParams, planned: Planned, ctx: CheckContext
 ) -> list[tuple[Alternative, Expansion, list[Sample] | SourceError]]:
     planned = await _recorded(source, planned, ctx)
-    answers = await asyncio.gather(*(source.query(e.query, ctx.at, params.timeout_s) for _, e in planned))
+    # Only the rows that may hold, of the series the rule still reads (a rule's candidates:
+    # CheckContext.narrowed_to), and one request for every convention's expansion (the recognised
+    # families can be hundreds); each row's evidence shows the query as sent.
+    sent = [filtered(ctx.narrow(e.query), params.op, params.threshold) for _, e in planned]
+    answers = await source.query_each(sent, ctx.at, params.timeout_s)
     return [
-        (a, e, samples if isinstance(samples, SourceError) or not e.query.startswith("diag:")
-         else strip_recording_labels(samples))
-        for (a, e), samples in zip(planned, answers, strict=True)
-    ]  # fmt: skip
+        (a, replace(e, query=query), _unrecorded(e, samples))
+        for (a, e), query, samples in zip(planned, sent, answers, strict=True)
+    ]
+
+
+def _unrecorded(expansion: Expansion, samples: list[Sample] | SourceError) -> list[Sample] | SourceError:
+    """The answer of a recorded series without the labels its recording adds."""
+    if isinstance(samples, SourceError) or not expansion.query.startswith("diag:"):
+        return samples
+    return strip_recording_labels(samples)
 
 
 async def _recorded(source: PrometheusSource, planned: Planned, ctx: CheckContext) -> Planned:
@@ -298,7 +309,7 @@ async def _ask_inferred(
     ctx: CheckContext,
     lookback: float,
 ) -> list[tuple[Alternative, Expansion, list[Sample] | SourceError]]:
-    recognised = await recognition(source, catalogue, ctx.at, lookback)
+    recognised = await recognition(source, catalogue, ctx.names_at, lookback)
     if isinstance(recognised, SourceError) or not recognised.conventions:
         return []  # recognition is a refinement: without it the catalogue's answers stand
     only_inferred = Catalogue(

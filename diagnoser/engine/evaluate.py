@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -129,11 +130,13 @@ async def evaluate(
         window=config.window,
     )
     rule_list = list(rules)
-    tasks = {
-        asyncio.create_task(evaluate_rule(rule, inputs, ctx), name=f"rule:{rule.id}"): rule
-        for rule in rule_list
-    }
-    outcomes = await _outcomes(tasks, deadline_s if deadline_s is not None else config.deadline_s)
+    # Every answer of the run is shared by the rules that ask it, however many the run asks.
+    with sources.holding_answers():
+        tasks = {
+            asyncio.create_task(evaluate_rule(rule, inputs, ctx), name=f"rule:{rule.id}"): rule
+            for rule in rule_list
+        }
+        outcomes = await _outcomes(tasks, deadline_s if deadline_s is not None else config.deadline_s)
     if record is not None:
         record.extend(outcomes)
     findings = without_yielding([f for outcome in outcomes for f in outcome.findings], rule_list)
@@ -209,36 +212,52 @@ async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: 
         _resolve(condition, variables, ctx.catalogue)
         for name in condition.kind.reads:
             ctx.require(ctx.sources.get(name), name)
-    when_results: Sequence[CheckResult] = await asyncio.gather(
-        *(c.kind.run(_resolve(c, variables, ctx.catalogue), ctx) for c in rule.when)
+    # The first condition names the candidates; the others, and the evidence, are read only for
+    # them (a row of another service's job never agrees with one: :func:`narrowed`), and not at
+    # all when it names none. At a million series that is most of what a diagnosis reads.
+    first = await rule.when[0].kind.run(_resolve(rule.when[0], variables, ctx.catalogue), ctx)
+    if isinstance(first, SourceError):
+        outcome.errors.append(first.model_copy(update={"rule_id": rule.id}))
+    if isinstance(first, SourceError) or not first:
+        return
+    candidates = _candidates(rule, list(first))
+    more_when: Sequence[CheckResult] = await asyncio.gather(
+        *(c.kind.run(_resolve(c, variables, ctx.catalogue), narrowed(ctx, candidates)) for c in rule.when[1:])
     )
-    for result in when_results:
+    for result in more_when:
         if isinstance(result, SourceError):
             outcome.errors.append(result.model_copy(update={"rule_id": rule.id}))
-    if any(isinstance(r, SourceError) or not r for r in when_results):
+    if any(isinstance(r, SourceError) or not r for r in more_when):
+        return
+    when_rows = [AgreeingRows(rows) for rows in more_when if not isinstance(rows, SourceError)]
+    holding = [
+        (labels, primary_rows, matched)
+        for labels, primary_rows in candidates
+        for matched in [[rows.agreeing(primary_rows[0].labels) for rows in when_rows]]
+        if all(matched)
+    ]
+    if not holding:
         return
     # Evidence is only worth its queries once the rule holds: a healthy run stays cheap. Evidence
     # read before the onset waits for the onsets.
+    scope = narrowed(ctx, [(labels, primary_rows) for labels, primary_rows, _ in holding])
     evidence_results: Sequence[CheckResult] = await asyncio.gather(
-        *(_run_now(c, variables, ctx) for c in rule.evidence)
+        *(_run_now(c, variables, scope) for c in rule.evidence)
     )
     for result in evidence_results:
         if isinstance(result, SourceError):
             # A missing piece of evidence weakens the finding but does not cancel it.
             outcome.errors.append(result.model_copy(update={"rule_id": rule.id}))
-    rows_by_condition: list[list[Evidence]] = [
-        r if not isinstance(r, SourceError) else [] for r in (*when_results, *evidence_results)
-    ]
-    candidates = _candidates(rule, rows_by_condition[0])
-    others = [AgreeingRows(rows) for rows in rows_by_condition[1:]]
-    kept: list[_Candidate] = []
-    for labels, primary_rows in candidates:
-        matched = [rows.agreeing(primary_rows[0].labels) for rows in others]
-        if any(not rows for rows in matched[: len(rule.when) - 1]):
-            continue
-        kept.append(_Candidate(labels, primary_rows, list(zip(conditions[1:], matched, strict=True))))
+    evidence_rows = [AgreeingRows(r if not isinstance(r, SourceError) else []) for r in evidence_results]
+    kept = []
+    for labels, primary_rows, matched in holding:
+        seen = [rows.agreeing(primary_rows[0].labels) for rows in evidence_rows]
+        others = list(zip(conditions[1:], [*matched, *seen], strict=True))
+        kept.append(_Candidate(labels, primary_rows, others))
     if rule.onset is not None and kept:
-        kept = await _with_onsets(rule, inputs, params, ctx, kept, outcome)
+        kept = await _with_onsets(rule, inputs, params, scope, kept, outcome)
+    if len(kept) > MAX_FINDINGS_PER_RULE:
+        kept.sort(key=_furthest_first)  # the listed ones are the worst, whatever the answers' order
     emitted = 0
     for candidate in kept:
         if emitted == MAX_FINDINGS_PER_RULE:
@@ -249,6 +268,39 @@ async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: 
             continue
         outcome.findings.append(finding)
         emitted += 1
+
+
+def _furthest_first(candidate: _Candidate) -> tuple[float, list[tuple[str, str]]]:
+    """Candidates by how far their first row is past its threshold, then by their labels."""
+    row = candidate.primary_rows[0]
+    beyond = 0.0
+    if row.value is not None and row.threshold is not None and math.isfinite(row.value - row.threshold):
+        beyond = abs(row.value - row.threshold)
+    return (-beyond, sorted(candidate.labels.items()))
+
+
+#: The most services a rule's further conditions and evidence are narrowed to; more are read whole.
+MAX_NARROWED_JOBS = 100
+
+
+def narrowed(
+    ctx: CheckContext, candidates: Sequence[tuple[Mapping[str, str], Sequence[Evidence]]]
+) -> CheckContext:
+    """``ctx`` reading only the series of the candidates' jobs (:attr:`CheckContext.narrowed_to`).
+
+    A row agrees with a candidate when they agree on every label they share (what
+    :class:`AgreeingRows` looks up, against each candidate's first row), so a row carrying another
+    ``job`` is never used: the queries may leave those series out. Candidates without a ``job``
+    (a node's, a namespace's) leave the queries whole."""
+    jobs = set()
+    for _, rows in candidates:
+        job = rows[0].labels.get("job") if rows else None
+        if not job:
+            return ctx
+        jobs.add(job)
+    if not jobs or len(jobs) > MAX_NARROWED_JOBS:
+        return ctx
+    return replace(ctx, narrowed_to=("job", frozenset(jobs)))
 
 
 async def _run_now(condition: Condition, variables: Mapping[str, Any], ctx: CheckContext) -> CheckResult:
@@ -275,7 +327,7 @@ async def _with_onsets(
 
     async def rows_at(instant: datetime) -> list[Evidence] | None:
         try:
-            result = await signal.kind.run(resolved_signal, replace(ctx, at=instant))
+            result = await signal.kind.run(resolved_signal, ctx.earlier(instant))
         except NoDataFound:
             return []  # nothing to hold there (before the series began)
         return None if isinstance(result, SourceError) else list(result)
@@ -294,7 +346,7 @@ async def _with_onsets(
         plan = [(index, instant) for index, _ in enumerate(before) for instant in instants]
         resolved = [_resolve(condition, variables, ctx.catalogue) for condition in before]
         results = await asyncio.gather(
-            *(before[index].kind.run(resolved[index], replace(ctx, at=instant)) for index, instant in plan)
+            *(before[index].kind.run(resolved[index], ctx.earlier(instant)) for index, instant in plan)
         )
         for key, result in zip(plan, results, strict=True):
             if isinstance(result, SourceError):

@@ -37,6 +37,7 @@ from diagnoser.promql.printer import (
     render,
     selector_text,
 )
+from diagnoser.promql.restrict import restrict
 from diagnoser.promql.rewrite import (
     NUMERIC_LABELS,
     TYPE_AND_UNIT_LABELS,
@@ -94,6 +95,7 @@ __all__ = [
     "read_histograms",
     "rename_metrics",
     "render",
+    "restrict",
     "rewrite",
     "selector_name",
     "selector_text",

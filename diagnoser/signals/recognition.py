@@ -90,7 +90,7 @@ async def _overshoots(
     source: PrometheusSource, pairs: list[Pairing], at: datetime
 ) -> dict[tuple[str, str], float]:
     """Per pair, whether its gauge went above its limit over the day (a failed query: unchecked)."""
-    answers = await asyncio.gather(*(source.query(overshoot_query(pair), at) for pair in pairs))
+    answers = await source.query_each([overshoot_query(pair) for pair in pairs], at)
     found: dict[tuple[str, str], float] = {}
     for pair, samples in zip(pairs, answers, strict=True):
         if not isinstance(samples, SourceError) and samples and not math.isnan(samples[0].value):
@@ -103,7 +103,7 @@ async def _splits(
 ) -> dict[str, dict[str, float]]:
     """Per family, how much each candidate peer label splits the slowdown (a failed query: none)."""
     names = sorted(families)
-    answers = await asyncio.gather(*(source.query(split_query(*families[name]), at) for name in names))
+    answers = await source.query_each([split_query(*families[name]) for name in names], at)
     found: dict[str, dict[str, float]] = {}
     for name, samples in zip(names, answers, strict=True):
         if isinstance(samples, SourceError):

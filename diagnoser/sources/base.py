@@ -6,7 +6,9 @@
 - :class:`SingleFlight` lets concurrently evaluated rules share one request per question: the
   first caller starts it, the others await the same answer, later callers reuse it for
   ``ttl_s`` (counted from the answer). A caller that gives up (its deadline) never cancels the
-  answer others wait for.
+  answer others wait for. While a run holds it (:meth:`SingleFlight.holding`), nothing is evicted
+  for room: a diagnosis over hundreds of families asks more distinct questions than the resting
+  size, and the answers every rule shares (the name list, recognition) must outlive them.
 - :func:`run_blocking` runs a blocking client call (the Kubernetes client, file parsing) in a
   daemon thread whose awaiting can be cancelled at once, so a server that never answers cannot
   hold the process open past its deadline (``asyncio.to_thread`` workers are joined at exit).
@@ -20,7 +22,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
@@ -55,6 +57,14 @@ class Sources:
         found: object | None = getattr(self, name)
         return found
 
+    @contextlib.contextmanager
+    def holding_answers(self) -> Iterator[None]:
+        """Keep every answer the sources share until the block ends (one diagnosis), however many
+        it asks (:meth:`SingleFlight.holding`); a stand-in without answers to keep holds nothing."""
+        hold = getattr(self.prometheus, "holding_answers", None)
+        with hold() if hold is not None else contextlib.nullcontext():
+            yield
+
     def clients(self) -> list[PrometheusSource | ElasticsearchSource | KubernetesSource]:
         """The sources that hold connections (all but the probe's result), to close when done."""
         return [s for s in (self.prometheus, self.elasticsearch, self.kubernetes) if s is not None]
@@ -65,13 +75,31 @@ class SingleFlight:
 
     Entries are per event loop (a future of a closed loop is never awaited again) and at most
     ``max_entries`` are kept, oldest first out: a daemon keeps a source for days, and a cached
-    list of thousands of pods must not outlive its use.
+    list of thousands of pods must not outlive its use. That bound is the resting size: while any
+    run holds the cache (:meth:`holding`) it grows to whatever the run asks, and is trimmed back
+    when the last run lets go, so no answer a run shares is asked twice within it.
     """
 
     def __init__(self, *, ttl_s: float = math.inf, max_entries: int = 256) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._entries: OrderedDict[Hashable, tuple[asyncio.Future[Any], float]] = OrderedDict()
+        self._holders = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Keep every answer while the block runs (one diagnosis); trim to ``max_entries`` after."""
+        self._holders += 1
+        try:
+            yield
+        finally:
+            self._holders -= 1
+            self._trim()
+
+    def _trim(self) -> None:
+        while not self._holders and len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
 
     async def run(self, key: Hashable, start: Callable[[], Awaitable[T]]) -> T:
         """The answer to ``key``: shared if one is in flight or fresh, else from ``start()``."""
@@ -83,8 +111,7 @@ class SingleFlight:
             self._entries[key] = (future, math.inf)
             # The time to live counts from the answer, not the question.
             future.add_done_callback(lambda done: self._answered(key, done))
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._trim()
         else:
             future = entry[0]
         result: T = await asyncio.shield(future)
@@ -96,6 +123,11 @@ class SingleFlight:
             self._entries[key] = (future, time.monotonic())
 
     def _drop_stale(self, loop: asyncio.AbstractEventLoop) -> None:
+        # A run may hold thousands of answers: they are looked through only when some can have
+        # gone stale (a finite time to live) or belong to another loop.
+        if self.ttl_s == math.inf and loop is self._loop:
+            return
+        self._loop = loop
         now = time.monotonic()
         stale = [
             key

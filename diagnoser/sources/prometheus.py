@@ -27,8 +27,8 @@ import contextlib
 import math
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote as quote_path
@@ -56,7 +56,7 @@ from diagnoser.sources.base import SingleFlight
 __all__ = ["HistogramBucket", "NativeHistogram", "PrometheusSource", "Sample", "rewrite_metric_names"]
 
 SOURCE = "prometheus"
-#: Answers kept for sharing between rules: about two diagnoses' worth of distinct queries.
+#: Answers kept between runs (a diagnosis keeps all of its own: :meth:`PrometheusSource.holding_answers`).
 _SHARED_ANSWERS = 256
 #: How long an endpoint-level failure (refused, not Prometheus, unauthorised) answers for the
 #: endpoint without asking it again: one diagnosis' burst of queries, not the daemon's next run.
@@ -146,6 +146,8 @@ class PrometheusSource:
     _endpoint_failure: tuple[float, SourceError] | None = field(init=False, repr=False, default=None)
     #: The text each query was last sent as, by query and instant (histograms read as held).
     _sent: dict[tuple[str, float], str] = field(init=False, repr=False, default_factory=dict)
+    #: Runs holding the answers (:meth:`holding_answers`).
+    _holders: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.settings.url:
@@ -271,7 +273,69 @@ class PrometheusSource:
         instant is sent once and its answer shared, while in flight and for a while after
         (``share=False`` always asks Prometheus).
         """
-        timeout = timeout_s or self.settings.query_timeout_s
+        prepared = await self._prepared(query, at)
+        if isinstance(prepared, SourceError):
+            return prepared
+        return await self._evaluate(prepared, at, timeout_s, share)
+
+    async def query_each(
+        self, queries: Sequence[str], at: datetime, timeout_s: float | None = None
+    ) -> list[list[Sample] | SourceError]:
+        """Each of ``queries`` at ``at`` (the answers in their order), asked in one request.
+
+        One condition read over many families (each recognised histogram, each resource with a
+        limit) is one query per family: sent apart, their number grows with the server's families
+        rather than with the rules. They go as one union instead, each part's answers tagged with
+        its index, ``label_replace(q0, "diagnoser_part", "0", "", "") or label_replace(q1, ...)``,
+        which leaves each part's own series and labels as they are (the tag differs, so ``or``
+        keeps them all) and is split again here. Each part is remembered as sent on its own
+        (:meth:`prepare`: what evidence shows). When the union fails (one part's many-to-many
+        match, a scalar, too many samples together), each part is asked alone, so one bad part
+        fails only itself. Past :data:`_UNION_CHARS` of PromQL the parts go as several unions.
+        """
+        if len(queries) < 2:
+            return [await self.query(query, at, timeout_s) for query in queries]
+        prepared = [await self._prepared(query, at) for query in queries]
+        batches: list[list[int]] = []
+        size = 0
+        for index, part in enumerate(prepared):
+            if isinstance(part, SourceError):
+                continue
+            if not batches or size + len(part) > _UNION_CHARS:
+                batches.append([])
+                size = 0
+            batches[-1].append(index)
+            size += len(part)
+        answers: list[list[Sample] | SourceError] = [
+            part if isinstance(part, SourceError) else [] for part in prepared
+        ]
+        # Batches go concurrently, as separate queries would: the server evaluates each on a core.
+        done = await asyncio.gather(
+            *(self._union_of([queries[i] for i in batch], [str(prepared[i]) for i in batch], at, timeout_s)
+              for batch in batches)
+        )  # fmt: skip
+        for batch, each in zip(batches, done, strict=True):
+            for index, answer in zip(batch, each, strict=True):
+                answers[index] = answer
+        return answers
+
+    async def _union_of(
+        self, queries: list[str], prepared: list[str], at: datetime, timeout_s: float | None
+    ) -> list[list[Sample] | SourceError]:
+        """The answers of ``queries`` (sent as ``prepared``) from one union, or each asked alone."""
+        union = await self._evaluate(_union(prepared), at, timeout_s, True) if len(prepared) > 1 else None
+        if union is None or isinstance(union, SourceError):
+            return list(await asyncio.gather(*(self.query(query, at, timeout_s) for query in queries)))
+        answers: list[list[Sample]] = [[] for _ in prepared]
+        for sample in union:
+            part = sample.labels.get(_PART_LABEL, "")
+            if part.isdigit() and int(part) < len(answers):
+                labels = {k: v for k, v in sample.labels.items() if k != _PART_LABEL}
+                answers[int(part)].append(replace(sample, labels=labels))
+        return list(answers)
+
+    async def _prepared(self, query: str, at: datetime) -> str | SourceError:
+        """``query`` as it is sent at ``at`` (renamed per config, histograms read as held), remembered."""
         try:
             prepared = self.prepare(query)
         except ExpressionError as exc:  # metric overrides to apply to a query the parser cannot read
@@ -280,6 +344,12 @@ class PrometheusSource:
         with contextlib.suppress(PromqlSyntaxError):
             prepared = numbers_as_numbers(without_type_and_unit(await self._as_held(prepared, at)))
         self._remember_sent(query, at, prepared)
+        return prepared
+
+    async def _evaluate(
+        self, prepared: str, at: datetime, timeout_s: float | None, share: bool
+    ) -> list[Sample] | SourceError:
+        timeout = timeout_s or self.settings.query_timeout_s
         params = {"query": prepared, "time": f"{at.timestamp():.3f}", "timeout": f"{timeout:g}s"}
 
         async def ask() -> list[Sample] | SourceError:
@@ -396,10 +466,25 @@ class PrometheusSource:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             return self._error(f"unexpected result shape from {self.url}: {exc}")
 
+    @contextlib.contextmanager
+    def holding_answers(self) -> Iterator[None]:
+        """Share every answer of the block (one diagnosis) however many it asks: nothing is
+        evicted for room until it ends (:meth:`SingleFlight.holding`)."""
+        self._holders += 1
+        try:
+            with self._shared.holding():
+                yield
+        finally:
+            self._holders -= 1
+            self._trim_sent()
+
     def _remember_sent(self, query: str, at: datetime, sent: str) -> None:
-        if len(self._sent) >= _SHARED_ANSWERS:
-            self._sent.pop(next(iter(self._sent)))
         self._sent[(query, at.timestamp())] = sent
+        self._trim_sent()
+
+    def _trim_sent(self) -> None:
+        while not self._holders and len(self._sent) > _SHARED_ANSWERS:
+            self._sent.pop(next(iter(self._sent)))
 
     def _remembered_failure(self) -> SourceError | None:
         if self._endpoint_failure is None:
@@ -426,6 +511,20 @@ async def _send(
     if path in _POSTABLE and len(urlencode(params)) > _GET_QUERY_LIMIT:
         return await client.post(path, data=params, timeout=wait_s)
     return await client.get(path, params=params, timeout=wait_s)
+
+
+#: The label :meth:`PrometheusSource.query_each` tags each part's answers with.
+_PART_LABEL = "diagnoser_part"
+#: The most PromQL one union carries (each query of a condition over hundreds of families is a few
+#: hundred characters): more go as further unions, concurrently.
+_UNION_CHARS = 64_000
+
+
+def _union(parts: Sequence[str]) -> str:
+    """One query answering each of ``parts``, every answer tagged with its part's index."""
+    return " or ".join(
+        f'label_replace({part}, "{_PART_LABEL}", "{index}", "", "")' for index, part in enumerate(parts)
+    )
 
 
 def _api_data(response: httpx.Response, url: str, query: str | None) -> Any:

@@ -98,6 +98,9 @@ class LocalPrometheus:
     """
 
     openmetrics: str | None = None
+    #: An OpenMetrics file to backfill from instead of ``openmetrics`` (a bed of millions of series
+    #: is gigabytes of text: it is streamed to promtool, never held in memory). It must end in ``# EOF``.
+    openmetrics_file: Path | None = None
     scrape_targets: list[str] = field(default_factory=list)
     #: More scrape jobs by name (``{"redis": ["127.0.0.1:9121"]}``): series then carry their own ``job``.
     scrape_jobs: dict[str, list[str]] = field(default_factory=dict)
@@ -129,6 +132,11 @@ class LocalPrometheus:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}{self.route_prefix.rstrip('/')}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (what a benchmark reads its CPU time from)."""
+        return self._process.pid if self._process is not None else None
 
     @property
     def version(self) -> str:
@@ -171,7 +179,7 @@ class LocalPrometheus:
             self._owns_workdir = True
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        if self.openmetrics is not None:
+        if self.openmetrics is not None or self.openmetrics_file is not None:
             self._backfill(data)
         config = self.workdir / "prometheus.yml"
         config.write_text(self._config(), encoding="utf-8")
@@ -212,11 +220,12 @@ class LocalPrometheus:
 
     def _backfill(self, data: Path) -> None:
         assert self.workdir is not None
-        source = self.workdir / "backfill.om"
-        text = self.openmetrics or ""
-        source.write_text(
-            text if text.rstrip().endswith("# EOF") else text.rstrip("\n") + "\n# EOF\n", encoding="utf-8"
-        )
+        source = self.openmetrics_file or self.workdir / "backfill.om"
+        if self.openmetrics_file is None:
+            text = self.openmetrics or ""
+            source.write_text(
+                text if text.rstrip().endswith("# EOF") else text.rstrip("\n") + "\n# EOF\n", encoding="utf-8"
+            )
         result = subprocess.run(
             [str(self.promtool_bin), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
             capture_output=True,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
+import diagnoser.sources.prometheus as prometheus_source
 from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
 from diagnoser.sources.prometheus import PrometheusSource, Sample, rewrite_metric_names
@@ -108,3 +110,49 @@ def test_a_query_longer_than_a_url_can_carry_is_sent_as_a_post(incident_promethe
     finally:
         source.close()
     assert not isinstance(names, SourceError), names
+
+
+def query_each(prom: IncidentPrometheus, queries: list[str]) -> tuple[list[list[Sample] | SourceError], int]:
+    """The answers of ``queries`` asked together, and how many requests that took."""
+    source = PrometheusSource(PrometheusSettings(url=prom.url))
+    at = datetime.fromtimestamp(prom.start_s + 35 * 60, UTC)
+    sent: list[str] = []
+    original = prometheus_source._send
+
+    async def counted(client: Any, path: str, params: dict[str, str], wait_s: float) -> Any:
+        sent.append(params.get("query", ""))
+        return await original(client, path, params, wait_s)
+
+    prometheus_source._send = counted  # type: ignore[assignment]
+    try:
+        return asyncio.run(source.query_each(queries, at)), len(sent)
+    finally:
+        prometheus_source._send = original  # type: ignore[assignment]
+        source.close()
+
+
+def test_queries_asked_together_answer_as_each_alone(incident_prometheus: IncidentPrometheus) -> None:
+    # The same series under two queries (identical label sets, values apart), one that answers
+    # nothing and a scalar-free computed one: one request, and each part's answer as if alone.
+    queries = [
+        "db_client_connection_max",
+        "db_client_connection_max * 2",
+        'up{job="no-such-job"}',
+        "sum by (db_client_connection_pool_name) (db_client_connection_max)",
+    ]
+    together, requests = query_each(incident_prometheus, queries)
+    assert requests == 1
+    alone = [query(incident_prometheus, q) for q in queries]
+    assert together == alone
+    assert all(isinstance(a, list) for a in together) and together[2] == []
+    assert [s.value * 2 for s in together[0]] == [s.value for s in together[1]]  # type: ignore[union-attr]
+
+
+def test_one_bad_query_asked_together_fails_only_itself(incident_prometheus: IncidentPrometheus) -> None:
+    # A scalar cannot be tagged, and a bad regular expression fails the union: each is then asked alone.
+    queries = ["db_client_connection_max", "scalar(vector(42))", 'label_replace(up, "x", "$1", "job", "(")']
+    answers, requests = query_each(incident_prometheus, queries)
+    assert requests == 1 + len(queries)
+    assert answers[0] == query(incident_prometheus, queries[0])
+    assert answers[1] == [Sample(labels={}, value=42.0)]
+    assert isinstance(answers[2], SourceError)

@@ -51,7 +51,9 @@ def test_markdown_evidence_rows_carry_name_and_query(incident_prometheus: Incide
     assert "| evidence | value | threshold | labels | source and query | detail |" in out
     waiting = next(line for line in out.splitlines() if line.startswith("| waiting |"))
     assert "| 30 | 0 |" in waiting
+    # Read for the candidate's job alone (the comparison the server applied is not part of it).
     assert "prometheus: `max by (namespace, job, db_client_connection_pool_name)" in waiting
+    assert 'db_client_connection_pending_requests{job=~"checkout\\|"}[2m]))`' in waiting
     assert "via otel-semconv" in waiting
 
 

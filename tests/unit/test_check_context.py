@@ -41,7 +41,8 @@ when:
 
 
 def test_a_check_is_given_no_settings() -> None:
-    assert {f.name for f in dataclasses.fields(CheckContext)} == {"at", "sources", "catalogue", "window"}
+    fields = {f.name for f in dataclasses.fields(CheckContext)}
+    assert fields == {"at", "sources", "catalogue", "window", "recognised_at", "narrowed_to"}
     for kind in check_kinds().values():
         if kind.queries is not None:
             # The catalogue (a lambda that ignores it has no annotation), never the settings.
