@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a Debian/Ubuntu machine for diagnoser's demo, tests and benchmarks:
-# the real servers the tests run (Prometheus 2.42 and 3.5 LTS, Redis, redis_exporter, elasticsearch_exporter),
+# the real servers the tests run (Prometheus 2.42 and 3.5 LTS, VictoriaMetrics, Redis, redis_exporter, elasticsearch_exporter),
 # load-generator references (wrk, hey), nginx (the fast server of bench/probe.py and
 # bench/capacity.py), a virtualenv with diagnoser installed in it, and the
 # helm and kubectl binaries the deployment tests render the chart and the kustomize overlays with.
@@ -16,6 +16,10 @@ NEEDED_COMMANDS=(prometheus promtool redis-server prometheus-redis-exporter prom
 # (the tests replay the recordings; these are for re-recording): PostgreSQL with its exporter, HAProxy.
 APT_PACKAGES+=(postgresql prometheus-postgres-exporter haproxy)
 NEEDED_COMMANDS+=(pg_ctlcluster prometheus-postgres-exporter haproxy)
+# A second PromQL-compatible server, for the query shapes every compatible API must answer alike
+# (tests/integration/test_victoria_metrics.py).
+APT_PACKAGES+=(victoria-metrics)
+NEEDED_COMMANDS+=(victoria-metrics)
 image_test=${DIAGNOSER_IMAGE_TEST:-$([ "${CI:-}" = true ] && echo 1 || echo 0)}
 if [ "$image_test" = 1 ]; then
   # podman builds the image; runc and debootstrap let it run where crun or a registry cannot
