@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from diagnoser.sources.kubernetes.credentials import Credentials
 
 __all__ = [
+    "AtOption",
     "ConfigOption",
     "FlagGroup",
     "FormatOption",
@@ -325,6 +326,12 @@ class GrpcFlags(FlagGroup):
 
 PrometheusOption = Annotated[
     str | None, typer.Option("--prometheus-url", help="PromQL API base URL (Prometheus, Thanos, Mimir...).")
+]
+AtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--at", help="As of this instant: RFC 3339 with a zone, unix seconds, or a time ago (-30m)."
+    ),
 ]
 
 

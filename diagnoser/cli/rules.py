@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
 from diagnoser.cli.app import (
+    AtOption,
     ConfigOption,
     FormatOption,
     OutputFormat,
@@ -25,7 +27,12 @@ from diagnoser.cli.app import (
     stdout,
     write_out,
 )
+from diagnoser.cli.timeparse import parse_instant
 from diagnoser.errors import ConfigError, LocalPrometheusError
+
+if TYPE_CHECKING:
+    from diagnoser.config import Settings
+    from diagnoser.signals import Catalogue
 
 __all__ = ["rules_export", "rules_lint", "rules_list", "rules_test"]
 
@@ -152,6 +159,14 @@ def rules_export(
     output_file: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the rule file here instead of stdout.")
     ] = None,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            "--prometheus-url",
+            help="Also record the families this Prometheus holds that are recognised by their shape.",
+        ),
+    ] = None,
+    at: AtOption = None,
 ) -> None:
     """Export the rule pack for another system: --recording writes a Prometheus rule file for a ruler."""
     import yaml
@@ -167,11 +182,21 @@ def rules_export(
             duration_seconds(interval)
         except ValueError as exc:
             raise fail(f"--interval: {exc}") from exc
-    settings = load_cli_settings(config)
+    overrides: dict[str, Any] = {"prometheus": {"url": prometheus_url}} if prometheus_url else {}
+    settings = load_cli_settings(config, overrides)
     ruleset = load_cli_rules(settings, rules_dir)
     inputs = LintInputs.from_settings(settings)
+    catalogue = inputs.catalogue
+    if prometheus_url:
+        try:
+            instant = parse_instant(at) if at else datetime.now(UTC)
+        except ValueError as exc:
+            raise fail(f"--at: {exc}") from exc
+        catalogue = run_loop(with_recognised(settings, catalogue, instant))
+    elif at is not None:
+        raise fail("--at says when to recognise families: give --prometheus-url too")
     recorded = recorded_conditions(
-        ruleset, inputs.variables, inputs.catalogue, signals=settings.signals, renames=inputs.renames
+        ruleset, inputs.variables, catalogue, signals=settings.signals, renames=inputs.renames
     )
     text = yaml.safe_dump(recording_group(recorded, interval=interval), sort_keys=False, width=1 << 16)
     if output_file is None:
@@ -180,3 +205,26 @@ def rules_export(
         output_file.write_text(text)
         stderr.print(f"{len(recorded)} recording rules written to {output_file}", highlight=False)
     raise typer.Exit(1 if ruleset.problems else 0)
+
+
+async def with_recognised(settings: Settings, catalogue: Catalogue, at: datetime) -> Catalogue:
+    """``catalogue`` with the conventions recognised by shape on the settings' Prometheus at ``at``
+    (an unreachable server is a usage error: the export would silently lack them)."""
+    from diagnoser.models import SourceError
+    from diagnoser.promql import duration_seconds
+    from diagnoser.signals import Catalogue
+    from diagnoser.signals.recognition import recognition
+    from diagnoser.sources.prometheus import PrometheusSource
+
+    source = PrometheusSource(settings.prometheus, metric_overrides=settings.metrics)
+    try:
+        found = await recognition(source, catalogue, at, max(300.0, duration_seconds(settings.window)))
+    finally:
+        await source.aclose()
+    if isinstance(found, SourceError):
+        raise fail(f"cannot recognise families on {source.url}: {found.message}")
+    return Catalogue(
+        signals=catalogue.signals,
+        conventions=[*catalogue.conventions, *found.conventions],
+        expanded=catalogue.expanded,
+    )

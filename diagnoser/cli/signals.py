@@ -17,13 +17,14 @@ import json
 import textwrap
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich import box
 from rich.table import Table
 
 from diagnoser.cli.app import (
+    AtOption,
     ConfigOption,
     PrometheusOption,
     TableOrJson,
@@ -43,19 +44,11 @@ from diagnoser.sources.prometheus import PrometheusSource
 
 __all__ = ["signals"]
 
-At = Annotated[
-    str | None,
-    typer.Option(
-        "--at", help="As of this instant: RFC 3339 with a zone, unix seconds, or a time ago (-30m)."
-    ),
-]
-
-
 @app.command("signals")
 def signals(
     config: ConfigOption = None,
     prometheus_url: PrometheusOption = None,
-    at: At = None,
+    at: AtOption = None,
     output: TableOrJsonOption = TableOrJson.table,
 ) -> None:
     """What was recognised on a Prometheus, per service, and what looks like a signal but was not."""

@@ -15,7 +15,9 @@ The expressions are the rules' own, which aggregate first (``sum by (...)`` of e
 before a division, ``sum by (le, ...)`` inside ``histogram_quantile``) so that a query-frontend
 (Mimir's, Thanos') can shard them. Histograms are read both ways, native or classic, so one
 group serves Prometheus 2 and 3 whichever kind the server holds. Families recognised only by
-their shape at run time (:mod:`diagnoser.signals.infer`) have no convention to export.
+their shape (:mod:`diagnoser.signals.infer`) have no convention in the catalogue: with
+``--prometheus-url`` the export recognises them on that server first and records them too, each
+under the same ``diag:*`` name as the catalogued conventions of its signal.
 """
 
 from __future__ import annotations

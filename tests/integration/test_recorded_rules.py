@@ -9,12 +9,14 @@ numbers, fewer raw queries, and the recorded series read in their place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,17 +80,27 @@ def recorded_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedB
     recorded = recorded_conditions(
         load_ruleset(RulePack.from_settings(settings)), inputs.variables, inputs.catalogue
     )
+    group = yaml.safe_dump(recording_group(recorded), sort_keys=False, width=1 << 16)
+    with _recorded_server(workdir, text, start + 300, start + 40 * 60, lambda _: group) as url:
+        yield RecordedBed(url, float(start), len(recorded))
+
+
+@contextlib.contextmanager
+def _recorded_server(
+    workdir: Path, text: str, start: int, end: int, group: Callable[[str], str]
+) -> Iterator[str]:
+    """A Prometheus holding ``text`` and what a ruler evaluating ``group(url of a server holding
+    text)`` from ``start`` to ``end`` would have written (``promtool tsdb create-blocks-from rules``)."""
     rules_file = workdir / "recording.yaml"
-    rules_file.write_text(yaml.safe_dump(recording_group(recorded), sort_keys=False, width=1 << 16))
     blocks = workdir / "recorded-blocks"
     first = LocalPrometheus(openmetrics=text, workdir=workdir)
     with first:
         assert first.promtool_bin is not None
-        # The ruler's evaluations from 5 minutes in (rates need the lead-in) to the end.
+        rules_file.write_text(group(first.url))
         written = subprocess.run(
             [
                 first.promtool_bin, "tsdb", "create-blocks-from", "rules",
-                f"--start={start + 300}", f"--end={start + 40 * 60}", f"--url={first.url}",
+                f"--start={start}", f"--end={end}", f"--url={first.url}",
                 f"--eval-interval={INTERVAL_S}s", f"--output-dir={blocks}", str(rules_file),
             ],
             capture_output=True, text=True, check=False, timeout=120,
@@ -99,7 +111,7 @@ def recorded_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedB
         if block.is_dir():
             shutil.move(str(block), workdir / "data" / block.name)
     with LocalPrometheus(workdir=workdir, major=major) as second:
-        yield RecordedBed(second.url, float(start), len(recorded))
+        yield second.url
 
 
 def _diagnose(url: str, at_s: float, *flags: str) -> tuple[dict[str, Any], list[str]]:
@@ -163,3 +175,50 @@ def test_without_recordings_every_query_is_sent_raw(incident_prometheus: Inciden
     [heartbeats] = [q for q in recorded_queries if q.startswith("diag:")]
     assert heartbeats.startswith("diag:recorded:present")
     assert sorted(q for q in recorded_queries if q != heartbeats) == sorted(raw_queries)
+
+
+#: An in-house server histogram no convention names, recognised by its shape: ``orders`` slow (p99
+#: over a second), ``billing`` healthy; 15 s scrapes for 40 minutes.
+RECOGNISED_FAMILY = "orders_request_duration_seconds"
+_BOUNDS = ("0.05", "0.1", "0.25", "0.5", "1", "2.5", "+Inf")
+_SHARES = {"orders": (0.1, 0.2, 0.4, 0.6, 0.8, 0.95, 1), "billing": (0.5, 0.9, 0.99, 1, 1, 1, 1)}
+
+
+def _recognised_bed(start: int) -> str:
+    out = []
+    for job, shares in _SHARES.items():
+        for pod in range(2):
+            for handler in ("/pay", "/list"):
+                key = f'job="{job}",instance="10.0.0.{pod}:8080",handler="{handler}",code="200"'
+                for i in range(161):
+                    at = start + 15 * i
+                    for le, share in zip(_BOUNDS, shares, strict=True):
+                        out.append(f'{RECOGNISED_FAMILY}_bucket{{{key},le="{le}"}} {20 * share * i:g} {at}\n')
+                    out.append(f"{RECOGNISED_FAMILY}_count{{{key}}} {20 * i} {at}\n")
+                    out.append(f"{RECOGNISED_FAMILY}_sum{{{key}}} {20 * i * (0.9 if job == 'orders' else 0.05):g} {at}\n")
+    return "".join(out) + "# EOF\n"
+
+
+def test_a_family_recognised_by_shape_is_recorded_and_read_back(tmp_path: Path) -> None:
+    start = 1_795_400_000
+    at = start + 35 * 60
+    when = str(at)
+
+    def exported(url: str) -> str:
+        done = run_cli_here("rules", "export", "--recording", "--prometheus-url", url, "--at", when)
+        assert done.code == 0, done.stderr
+        return done.stdout
+
+    with _recorded_server(tmp_path, _recognised_bed(start), start + 300, start + 40 * 60, exported) as url:
+        group = yaml.safe_load((tmp_path / "recording.yaml").read_text())["groups"][0]["rules"]
+        ours = [r for r in group if RECOGNISED_FAMILY in r["expr"]]
+        assert {r["record"] for r in ours} >= {"diag:namespace_service:http_server_duration:p99"}, ours
+        raw, raw_queries = _diagnose(url, at)
+        recorded, queries = _diagnose(url, at, "--use-recorded")
+    assert _findings(recorded) == _findings(raw)
+    slow = [f for f in recorded["findings"] if f["cause"] == "latency_slo_breach"]
+    assert [f["labels"]["service"] for f in slow] == ["orders"], recorded["findings"]
+    assert slow[0]["evidence"][0]["query"].startswith("diag:namespace_service:http_server_duration:p99{")
+    # The family's every-service p99 is read from its recording, not from its buckets.
+    buckets = f"{RECOGNISED_FAMILY}_bucket"
+    assert sum(buckets in q for q in queries) < sum(buckets in q for q in raw_queries)
