@@ -122,7 +122,7 @@ async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
         evidence.append(
             Evidence(
                 source=SOURCE,
-                query=query,
+                query=ctx.shown(query, sample.labels),
                 labels=sample.labels,
                 value=sample.value,
                 threshold=params.threshold,
@@ -184,10 +184,11 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
         if isinstance(samples, SourceError):
             return samples
         assert params.threshold is not None
+        shown = unfiltered(source.prepare(projection, ctx.at), params.op, params.threshold)
         return [
             Evidence(
                 source=SOURCE,
-                query=unfiltered(source.prepare(projection, ctx.at), params.op, params.threshold),
+                query=ctx.shown(shown, s.labels),
                 labels=s.labels,
                 value=s.value,
                 threshold=params.threshold,
@@ -212,7 +213,7 @@ async def trend(params: TrendParams, ctx: CheckContext) -> CheckResult:
     return [
         Evidence(
             source=SOURCE,
-            query=source.prepare(reaching, ctx.at),
+            query=ctx.shown(source.prepare(reaching, ctx.at), s.labels),
             labels=s.labels,
             value=s.value,
             threshold=by_key.get(_key(s.labels, params.join_on)),

@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from diagnoser.config import Settings
 from diagnoser.errors import PromqlSyntaxError, SourceNotConfigured
 from diagnoser.models import Evidence, SourceError
-from diagnoser.promql import restrict
+from diagnoser.promql.restrict import restrict, restricted_to_one
 from diagnoser.signals import Catalogue, load_catalogue
 from diagnoser.sources.base import SOURCE_NAMES, SourceName, Sources
 
@@ -97,6 +97,17 @@ class CheckContext:
             return restrict(query, label, values)
         except PromqlSyntaxError:
             return query
+
+    def shown(self, query: str, labels: Mapping[str, str]) -> str:
+        """``query`` as sent (:meth:`narrow`), for a row with ``labels``: narrowed to the row's own
+        value rather than to every candidate's, which reads the same row."""
+        if self.narrowed_to is None:
+            return query
+        label, values = self.narrowed_to
+        own = labels.get(label)
+        if not own or own not in values:
+            return query
+        return restricted_to_one(query, label, values, own)
 
     @property
     def names_at(self) -> datetime:

@@ -88,6 +88,7 @@ async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResu
     for (resource, query), samples in zip(planned, answers, strict=True):
         if isinstance(samples, SourceError):
             return samples
+        sent = unfiltered(source.prepare(query, ctx.at), params.op, params.threshold)
         for sample in samples:
             if math.isnan(sample.value) or not _holds(sample.value, params):
                 continue
@@ -101,7 +102,7 @@ async def resource_check(params: ResourceParams, ctx: CheckContext) -> CheckResu
             rows.append(
                 Evidence(
                     source=SOURCE,
-                    query=unfiltered(source.prepare(query, ctx.at), params.op, params.threshold),
+                    query=ctx.shown(sent, labels),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,

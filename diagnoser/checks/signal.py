@@ -190,6 +190,10 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
     )
     who = await identities(source, ctx.names_at) if pushed else {}
     rows: dict[tuple[tuple[str, str], ...], Evidence] = {}
+
+    def sent_as(query: str) -> str:
+        return unfiltered(source.prepare(query, ctx.at), params.op, params.threshold)
+
     for alternative, expansion, samples in planned:
         if isinstance(samples, SourceError):
             return samples
@@ -204,7 +208,7 @@ async def signal_check(params: SignalParams, ctx: CheckContext) -> CheckResult:
                 key,
                 Evidence(
                     source=SOURCE,
-                    query=unfiltered(source.prepare(expansion.query, ctx.at), params.op, params.threshold),
+                    query=ctx.shown(sent_as(expansion.query), sample.labels),
                     labels=labels,
                     value=sample.value,
                     threshold=params.threshold,

@@ -39,7 +39,7 @@ import promql_parser as pp
 from diagnoser.promql.printer import Hooks, is_vector, label_name, quote, render, selector_text
 from diagnoser.promql.syntax import children, match_op, parse, selector_name
 
-__all__ = ["restrict"]
+__all__ = ["restrict", "restricted_to_one"]
 
 #: Functions whose answer does not carry the labels of their arguments' series.
 _NO_LABELS_FROM_ARGUMENTS = frozenset({"absent", "absent_over_time", "scalar", "vector", "time", "pi"})
@@ -67,7 +67,7 @@ def _restrict(query: str, label: str, values: tuple[str, ...]) -> str:
         stack.extend(_carrying(node, label))
     if not narrowed:
         return query
-    matcher = (label, "=~", "|".join([*(re.escape(value) for value in values), ""]))
+    matcher = _matcher(label, values)
 
     def selector(node: pp.VectorSelector) -> str | None:
         if id(node) not in narrowed or node.matchers.or_matchers:
@@ -79,6 +79,19 @@ def _restrict(query: str, label: str, values: tuple[str, ...]) -> str:
         return "{" + ", ".join(f"{label_name(k)}{op}{quote(v)}" for k, op, v in (*own, matcher)) + "}"
 
     return render(tree, Hooks(selector=selector))
+
+
+def _matcher(label: str, values: Collection[str]) -> tuple[str, str, str]:
+    return (label, "=~", "|".join([*(re.escape(value) for value in sorted(set(values))), ""]))
+
+
+def restricted_to_one(query: str, label: str, values: Collection[str], value: str) -> str:
+    """``query`` as :func:`restrict` narrowed it to ``values``, narrowed to ``value`` alone instead:
+    what a row of ``value`` is read by (evidence shows it, without the other candidates)."""
+    label_, op, alternation = _matcher(label, values)
+    _, _, own = _matcher(label, [value])
+    written = f"{label_name(label_)}{op}{quote(alternation)}"
+    return query.replace(written, f"{label_name(label_)}{op}{quote(own)}")
 
 
 def _names(matcher: pp.Matcher) -> bool:

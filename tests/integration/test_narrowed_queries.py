@@ -17,6 +17,7 @@ import pytest
 from diagnoser.config import PrometheusSettings
 from diagnoser.models import SourceError
 from diagnoser.promql import restrict
+from diagnoser.promql.restrict import restricted_to_one
 from diagnoser.sources.prometheus import PrometheusSource, Sample
 from diagnoser.testing.prometheus import LocalPrometheus
 
@@ -127,3 +128,10 @@ def test_narrowing_reads_fewer_series_where_the_job_flows() -> None:
     assert restrict(QUERIES[16], "job", KEPT) == QUERIES[16]
     assert restrict("absent(x)", "job", KEPT) == "absent(x)"
     assert restrict('x{job="a"}', "job", {"a.b"}) == 'x{job="a", job=~"a\\\\.b|"}'
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_evidence_of_one_candidate_shows_its_own_job(query: str) -> None:
+    # What a row's evidence shows: the query as narrowed to that row's job alone.
+    narrowed = restrict(query, "job", KEPT)
+    assert restricted_to_one(narrowed, "job", KEPT, "cart") == restrict(query, "job", {"cart"})
