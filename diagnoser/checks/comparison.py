@@ -40,16 +40,20 @@ def filtered(query: str, op: Comparison | None, threshold: float | None) -> str:
     write, the query is sent as it is."""
     if op is None or threshold is None or not math.isfinite(threshold):
         return query
-    return f"({query}) {op} {format_number(threshold)}"
+    return f"({query}){_suffix(op, threshold)}"
+
+
+def _suffix(op: Comparison, threshold: float) -> str:
+    return f" {op} {format_number(threshold)}"
 
 
 def unfiltered(sent: str, op: Comparison | None, threshold: float | None) -> str:
     """What :func:`filtered` wrapped, from the query as it was sent (its histograms read as the
     server holds them): what evidence shows, and what is asked again to read a cause's value once
     it no longer holds (``daemon.readings``)."""
-    if op is None or threshold is None or filtered("", op, threshold) == "":
+    if op is None or threshold is None or not math.isfinite(threshold):
         return sent
-    suffix = f") {op} {format_number(threshold)}"
+    suffix = f"){_suffix(op, threshold)}"
     if sent.startswith("(") and sent.endswith(suffix):
         return sent[1 : -len(suffix)]
     return sent

@@ -109,9 +109,8 @@ async def promql(params: PromqlParams, ctx: CheckContext) -> CheckResult:
         samples = await source.query(query, ctx.at, params.timeout_s)
     if isinstance(samples, SourceError):
         return samples
-    query = source.prepare(query, ctx.at)
-    if query != written:
-        query = unfiltered(query, params.op, params.threshold)
+    sent = source.prepare(query, ctx.at)
+    query = sent if query == written else unfiltered(sent, params.op, params.threshold)
     evidence: list[Evidence] = []
     for sample in samples:
         if params.op is None or params.threshold is None:

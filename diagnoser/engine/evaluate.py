@@ -221,8 +221,9 @@ async def _evaluate(rule: Rule, inputs: RuleInputs, ctx: CheckContext, outcome: 
     if isinstance(first, SourceError) or not first:
         return
     candidates = _candidates(rule, list(first))
+    among = narrowed(ctx, candidates)
     more_when: Sequence[CheckResult] = await asyncio.gather(
-        *(c.kind.run(_resolve(c, variables, ctx.catalogue), narrowed(ctx, candidates)) for c in rule.when[1:])
+        *(c.kind.run(_resolve(c, variables, ctx.catalogue), among) for c in rule.when[1:])
     )
     for result in more_when:
         if isinstance(result, SourceError):

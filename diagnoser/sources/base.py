@@ -87,6 +87,11 @@ class SingleFlight:
         self._holders = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def held(self) -> bool:
+        """Whether a run holds the cache now (:meth:`holding`)."""
+        return self._holders > 0
+
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
         """Keep every answer while the block runs (one diagnosis); trim to ``max_entries`` after."""

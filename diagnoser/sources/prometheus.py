@@ -146,8 +146,6 @@ class PrometheusSource:
     _endpoint_failure: tuple[float, SourceError] | None = field(init=False, repr=False, default=None)
     #: The text each query was last sent as, by query and instant (histograms read as held).
     _sent: dict[tuple[str, float], str] = field(init=False, repr=False, default_factory=dict)
-    #: Runs holding the answers (:meth:`holding_answers`).
-    _holders: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.settings.url:
@@ -470,12 +468,10 @@ class PrometheusSource:
     def holding_answers(self) -> Iterator[None]:
         """Share every answer of the block (one diagnosis) however many it asks: nothing is
         evicted for room until it ends (:meth:`SingleFlight.holding`)."""
-        self._holders += 1
         try:
             with self._shared.holding():
                 yield
         finally:
-            self._holders -= 1
             self._trim_sent()
 
     def _remember_sent(self, query: str, at: datetime, sent: str) -> None:
@@ -483,7 +479,7 @@ class PrometheusSource:
         self._trim_sent()
 
     def _trim_sent(self) -> None:
-        while not self._holders and len(self._sent) > _SHARED_ANSWERS:
+        while not self._shared.held and len(self._sent) > _SHARED_ANSWERS:
             self._sent.pop(next(iter(self._sent)))
 
     def _remembered_failure(self) -> SourceError | None:

@@ -135,3 +135,17 @@ def test_evidence_of_one_candidate_shows_its_own_job(query: str) -> None:
     # What a row's evidence shows: the query as narrowed to that row's job alone.
     narrowed = restrict(query, "job", KEPT)
     assert restricted_to_one(narrowed, "job", KEPT, "cart") == restrict(query, "job", {"cart"})
+
+
+def test_narrowing_keeps_utf8_names_and_native_histogram_reads() -> None:
+    # A Prometheus 3 UTF-8 family keeps its quoted name; the native rewrite that follows (the
+    # source reads a histogram as held) keeps the job matcher the narrowing added.
+    from diagnoser.promql import parse, read_histograms
+
+    utf8 = 'sum by (job) (rate({"http.server.request.duration_count", "http.route"="/x"}[5m]))'
+    narrowed = restrict(utf8, "job", KEPT)
+    assert '{"http.server.request.duration_count", "http.route"="/x", job=~"cart|search|"}' in narrowed
+    parse(narrowed)
+    quantile = "histogram_quantile(0.99, sum by (job, le) (rate(lat_bucket[5m])))"
+    native = read_histograms(restrict(quantile, "job", KEPT), lambda base: "native")
+    assert 'lat{job=~"cart|search|"}' in native, native

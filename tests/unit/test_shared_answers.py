@@ -7,42 +7,39 @@ import asyncio
 from diagnoser.sources.base import SingleFlight
 
 
-def test_a_run_holding_the_cache_asks_nothing_twice_past_the_resting_size() -> None:
-    cache = SingleFlight(max_entries=4)
-    calls: list[int] = []
+class _Asking:
+    """Asks a cache for keys, recording which ones it had to start (answer each key with itself)."""
 
-    async def start_for(key: int) -> int:
-        calls.append(key)
+    def __init__(self, cache: SingleFlight) -> None:
+        self.cache = cache
+        self.started: list[int] = []
+
+    async def ask(self, *keys: int) -> None:
+        for key in keys:
+            assert await self.cache.run(key, lambda key=key: self._start(key)) == key
+
+    async def _start(self, key: int) -> int:
+        self.started.append(key)
         return key
 
+
+def test_a_run_holding_the_cache_asks_nothing_twice_past_the_resting_size() -> None:
+    asking = _Asking(SingleFlight(max_entries=4))
+
     async def run() -> None:
-        with cache.holding():
-            for key in range(10):  # more questions than the resting size
-                await cache.run(key, lambda key=key: start_for(key))
-            for key in range(10):  # asked again within the run: shared
-                assert await cache.run(key, lambda key=key: start_for(key)) == key
-        # After the run, only the newest four are kept.
-        for key in (9, 6, 0):
-            await cache.run(key, lambda key=key: start_for(key))
+        with asking.cache.holding():
+            await asking.ask(*range(10))  # more questions than the resting size
+            await asking.ask(*range(10))  # asked again within the run: shared
+        await asking.ask(9, 6, 0)  # after the run, only the newest four are kept
 
     asyncio.run(run())
-    assert calls == [*range(10), 0]
+    assert asking.started == [*range(10), 0]
 
 
 def test_without_a_run_the_oldest_answers_make_room() -> None:
-    cache = SingleFlight(max_entries=2)
-    calls: list[int] = []
-
-    async def start_for(key: int) -> int:
-        calls.append(key)
-        return key
-
-    async def run() -> None:
-        for key in (1, 2, 3, 1):
-            await cache.run(key, lambda key=key: start_for(key))
-
-    asyncio.run(run())
-    assert calls == [1, 2, 3, 1]
+    asking = _Asking(SingleFlight(max_entries=2))
+    asyncio.run(asking.ask(1, 2, 3, 1))
+    assert asking.started == [1, 2, 3, 1]
 
 
 def test_an_answer_whose_time_to_live_passed_is_asked_again() -> None:
